@@ -1,0 +1,443 @@
+"""ShapeAssembly-v1: insert a shaped block into the matching hole of a board.
+
+**Task.** A robot arm picks up the target block (circle, square or triangle) by
+its knob, turns it to match the opening, inserts it into the matching hole of a
+fixed board and lets go. On the full-board setups (FB*) all three blocks must be
+in their holes at the same time.
+
+**Randomisations** (drawn per try by :func:`env.starts.sample_start`, or given
+exactly through ``reset(options={"start": StartState})``):
+- target shape, uniform over the three shapes;
+- block xy noise and yaw noise around the nominal start, and the other blocks
+  of clutter setups on their own slots; starts never overlap;
+- board xy offset and yaw (setups B03/B04).
+
+**Success** (evaluated every control step, all four for 10 steps in a row):
+1. matched: the block's centre is within clearance + 3 mm of its own hole's
+   centre in the board plane;
+2. deep: the block's lowest point is at least 25 mm below the plate's top face;
+3. released: no finger touches the block and the gripper is at least 90% open;
+4. settled: the block's speed is below 2 cm/s.
+``info`` carries each condition, the streak counter and the flags
+``wrong_hole``, ``penetration``, ``dropped`` (sticky over the try) and ``rim``
+(the block rests on the plate right now).
+
+**Physics choices.** The board is a plate of convex prisms around each hole
+(see :mod:`env.geometry`), so a block passes only through a real opening. The
+simulation runs at 500 Hz (25 substeps per 20 Hz control step) with 20 position
+iterations and TGS: at 100 Hz a block moving at 5 cm/s travels 0.5 mm per step,
+as much as the tightest clearance, and PhysX then resolves wall contacts late and
+jams or tunnels; at 500 Hz the per-step motion is 0.1 mm. Contact offset is
+5 mm (contacts are generated before the walls meet, which also keeps the
+solver from seeing deep first contacts), rest offset 0 so that the geometric
+clearance is the physical clearance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sapien
+import torch
+
+from mani_skill.envs.sapien_env import BaseEnv
+from mani_skill.sensors.camera import CameraConfig
+from mani_skill.utils import sapien_utils
+from mani_skill.utils.registration import register_env
+from mani_skill.utils.scene_builder.table import TableSceneBuilder
+from mani_skill.utils.structs.pose import Pose
+from mani_skill.utils.structs.types import SceneConfig, SimConfig
+
+from env import geometry
+from env.arms import ArmSpec, get_arm
+from env.setups import Setup, get_setup
+from env.starts import StartState, sample_start
+
+ENV_ID = "ShapeAssembly-v1"
+CONTROL_FREQ = 20
+SIM_FREQ = 500
+SUCCESS_HOLD_STEPS = 10
+MATCH_MARGIN_M = 0.003
+DEEP_M = 0.025
+SETTLED_MPS = 0.02
+RELEASED_OPENING = 0.9
+CONTACT_EPS_N = 1e-3
+GRASP_FORCE_N = 0.5
+DROP_CONFIRM_STEPS = 3
+PENETRATION_TOL_M = 0.0015
+THIRD_PERSON_CAMERA = "third_person"
+THIRD_PERSON_SIZE = (256, 256)
+THIRD_PERSON_EYE = (0.42, 0.38, 0.42)
+THIRD_PERSON_TARGET = (-0.06, 0.0, 0.0)
+BLOCK_COLORS = {"circle": (0.85, 0.2, 0.15, 1), "square": (0.15, 0.35, 0.85, 1), "triangle": (0.95, 0.75, 0.1, 1)}
+BOARD_COLOR = (0.55, 0.42, 0.3, 1)
+_FLOOR_Z = -0.9196429  # ManiSkill's table top is z = 0, the floor is below it
+_PARK_XY = (-1.2, 1.2)  # unused blocks wait on the floor out of every view
+
+# setup parameters the scene does not simulate yet: refusing beats a silently wrong number
+_NOT_YET_SIMULATED = (
+    "n_distractors", "packed", "lighting", "random_colors", "color_swap", "camera_shift_m", "occlusion",
+    "latency_steps", "shove_step", "forced_drop_steps", "nudge_m",
+)
+_DEFAULT_SETUP = get_setup("A01")
+
+
+
+def check_simulated(setup: Setup) -> None:
+    """Raise NotImplementedError naming the changes of ``setup`` the scene cannot simulate yet."""
+    missing = [f for f in _NOT_YET_SIMULATED if getattr(setup, f) != getattr(_DEFAULT_SETUP, f)]
+    if missing:
+        raise NotImplementedError(f"setup {setup.id} changes {', '.join(missing)}, which the scene does not simulate yet")
+
+
+INSTRUCTION = "put the {shape} block into the {shape} hole"
+INSTRUCTION_FULL_BOARD = "put every block into its matching hole"
+
+
+def _mesh_cache_dir() -> Path:
+    root = os.environ.get("SAB_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "shape_assembly_bench")
+    path = Path(root) / "meshes"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def convex_mesh_file(vertices: np.ndarray) -> str:
+    """Write a convex piece to an .obj named by its content; atomic, shared by workers."""
+    vertices = np.round(np.asarray(vertices, dtype=np.float64), 9)
+    key = hashlib.sha256(vertices.tobytes()).hexdigest()[:24]
+    path = _mesh_cache_dir() / f"{key}.obj"
+    if not path.exists():
+        fd, tmp = tempfile.mkstemp(suffix=".obj", dir=path.parent)
+        os.close(fd)
+        geometry.write_convex_obj(vertices, tmp)
+        os.replace(tmp, path)
+    return str(path)
+
+
+def _quat_yaw(yaw: np.ndarray) -> np.ndarray:
+    yaw = np.asarray(yaw, dtype=np.float64)
+    return np.stack([np.cos(yaw / 2), np.zeros_like(yaw), np.zeros_like(yaw), np.sin(yaw / 2)], axis=-1)
+
+
+def yaw_from_quat(q: np.ndarray) -> np.ndarray:
+    """Yaw (rad) of wxyz quaternions about world z."""
+    q = np.asarray(q)
+    w, x, y, z = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
+    return np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+
+
+def _rotmat(q: torch.Tensor) -> torch.Tensor:
+    w, x, y, z = q.unbind(-1)
+    return torch.stack([
+        1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
+    ], dim=-1).reshape(q.shape[:-1] + (3, 3))
+
+
+@register_env(ENV_ID, max_episode_steps=300)
+class ShapeAssemblyEnv(BaseEnv):
+    __doc__ = __doc__
+
+    SUPPORTED_REWARD_MODES = ("none", "sparse")
+
+    def __init__(self, *args, setup: str | Setup = "A01", arm: str = "panda", **kwargs):
+        self.task_setup = setup if isinstance(setup, Setup) else get_setup(setup)
+        check_simulated(self.task_setup)
+        self.arm: ArmSpec = get_arm(arm)
+        kwargs.setdefault("control_mode", "pd_ee_delta_pose")
+        kwargs.setdefault("sim_backend", "physx_cpu")
+        super().__init__(*args, robot_uids=self.arm.maniskill_uid, **kwargs)
+
+    # ------------------------------------------------------------------ config
+    @property
+    def _default_sim_config(self):
+        return SimConfig(
+            sim_freq=SIM_FREQ,
+            control_freq=CONTROL_FREQ,
+            scene_config=SceneConfig(
+                contact_offset=0.005,
+                rest_offset=0.0,
+                solver_position_iterations=20,
+                solver_velocity_iterations=1,
+                enable_tgs=True,
+            ),
+        )
+
+    @property
+    def _default_sensor_configs(self):
+        pose = sapien_utils.look_at(eye=THIRD_PERSON_EYE, target=THIRD_PERSON_TARGET)
+        w, h = THIRD_PERSON_SIZE
+        return [CameraConfig(THIRD_PERSON_CAMERA, pose, w, h, 1.0, 0.01, 10)]
+
+    @property
+    def _default_human_render_camera_configs(self):
+        pose = sapien_utils.look_at(eye=THIRD_PERSON_EYE, target=THIRD_PERSON_TARGET)
+        return CameraConfig("render_camera", pose, 512, 512, 1.0, 0.01, 10)
+
+    # ------------------------------------------------------------------- build
+    def _load_agent(self, options: dict):
+        super()._load_agent(options, sapien.Pose(p=[*self.arm.base_xy, 0]))
+
+    def _load_scene(self, options: dict):
+        self.table_scene = TableSceneBuilder(self, robot_init_qpos_noise=0.0)
+        self.table_scene.build()
+        self.clearance = self.task_setup.clearance_m
+        self.board = self._build_board()
+        self.blocks = {shape: self._build_block(shape) for shape in geometry.SHAPES}
+        cells = geometry.cell_centres()
+        self._cell_xy = torch.tensor(np.stack([cells[s] for s in geometry.SHAPES]), dtype=torch.float32, device=self.device)
+        normals, offsets = [], []
+        for shape in geometry.SHAPES:
+            n, d = geometry._halfplanes(geometry.hole_outline(shape, self.clearance))
+            normals.append(torch.tensor(n, dtype=torch.float32))
+            offsets.append(torch.tensor(d, dtype=torch.float32))
+        self._hole_halfplanes = [(n.to(self.device), d.to(self.device)) for n, d in zip(normals, offsets)]
+        self._outlines = [torch.tensor(geometry.block_outline(s), dtype=torch.float32, device=self.device) for s in geometry.SHAPES]
+        prism = [geometry.block_collision_parts(s)[0] for s in geometry.SHAPES]
+        self._prism_vertices = [torch.tensor(v, dtype=torch.float32, device=self.device) for v in prism]
+        self._fingers = [self.agent.robot.links_map[name] for name in self.arm.finger_links]
+
+    def _build_board(self):
+        builder = self.scene.create_actor_builder()
+        material = sapien.render.RenderMaterial(base_color=BOARD_COLOR, roughness=0.8)
+        physical = sapien.physx.PhysxMaterial(static_friction=0.5, dynamic_friction=0.5, restitution=0.0)
+        for piece in geometry.plate_pieces(self.clearance):
+            path = convex_mesh_file(piece)
+            builder.add_convex_collision_from_file(path, material=physical)
+            builder.add_visual_from_file(path, material=material)
+        for centre, half in geometry.rail_boxes():
+            builder.add_box_collision(sapien.Pose(p=centre), half, material=physical)
+            builder.add_box_visual(sapien.Pose(p=centre), half, material=material)
+        builder.initial_pose = sapien.Pose(p=[0, 0, 0])
+        return builder.build_kinematic(name="board")
+
+    def _build_block(self, shape: str):
+        builder = self.scene.create_actor_builder()
+        material = sapien.render.RenderMaterial(base_color=BLOCK_COLORS[shape], roughness=0.5)
+        physical = sapien.physx.PhysxMaterial(static_friction=0.6, dynamic_friction=0.6, restitution=0.0)
+        for part in geometry.block_collision_parts(shape):
+            path = convex_mesh_file(part)
+            builder.add_convex_collision_from_file(path, material=physical, density=800)
+            builder.add_visual_from_file(path, material=material)
+        builder.initial_pose = sapien.Pose(p=[*_PARK_XY, _FLOOR_Z + 1])
+        return builder.build(name=f"block_{shape}")
+
+    # ----------------------------------------------------------------- episode
+    def _initialize_episode(self, env_idx: torch.Tensor, options: dict):
+        b = len(env_idx)
+        starts = options.get("starts") or ([options["start"]] * b if options.get("start") is not None else None)
+        if starts is None:
+            starts = [sample_start(self.task_setup, np.random.default_rng(int(self._episode_seed[i]))) for i in range(b)]
+        starts = [s if isinstance(s, StartState) else StartState.from_dict(s) for s in starts]
+        if len(starts) != b:
+            raise ValueError(f"got {len(starts)} start states for {b} scenes")
+        self.starts = starts
+        with torch.device(self.device):
+            self.table_scene.initialize(env_idx)
+            self.agent.reset(torch.tensor(self.arm.rest_qpos, dtype=torch.float32).repeat(b, 1))
+            self.agent.robot.set_pose(sapien.Pose(p=[*self.arm.base_xy, 0]))
+            board_p = torch.tensor([[s.board_x, s.board_y, 0.0] for s in starts], dtype=torch.float32)
+            board_q = torch.tensor(_quat_yaw([s.board_yaw for s in starts]), dtype=torch.float32)
+            self.board.set_pose(Pose.create_from_pq(board_p, board_q))
+            for k, shape in enumerate(geometry.SHAPES):
+                p = torch.zeros((b, 3))
+                yaw = np.zeros(b)
+                for i, s in enumerate(starts):
+                    blk = next((x for x in s.blocks if x.shape == shape), None)
+                    if blk is None:
+                        p[i] = torch.tensor([_PARK_XY[0], _PARK_XY[1] + 0.15 * k, _FLOOR_Z + geometry.BLOCK_HEIGHT / 2])
+                    else:
+                        p[i] = torch.tensor([blk.x, blk.y, geometry.BLOCK_HEIGHT / 2 + 1e-4])
+                        yaw[i] = blk.yaw
+                actor = self.blocks[shape]
+                actor.set_pose(Pose.create_from_pq(p, torch.tensor(_quat_yaw(yaw), dtype=torch.float32)))
+                actor.set_linear_velocity(torch.zeros((b, 3)))
+                actor.set_angular_velocity(torch.zeros((b, 3)))
+            self._active = torch.tensor([[any(x.shape == s for x in st.blocks) for s in geometry.SHAPES] for st in starts])
+            self._target_mask = torch.tensor(
+                [[st.target in ("all", s) and any(x.shape == s for x in st.blocks) for s in geometry.SHAPES] for st in starts]
+            )
+            self._full_board = torch.tensor([st.target == "all" for st in starts])
+        self.instructions = [
+            INSTRUCTION_FULL_BOARD if st.target == "all" else INSTRUCTION.format(shape=st.target) for st in starts
+        ]
+        self._reset_task_state(env_idx)
+
+    def _reset_task_state(self, env_idx):
+        n = self.num_envs
+        if not hasattr(self, "_streak") or self._streak.shape[0] != n:
+            z = lambda dtype=torch.bool: torch.zeros(n, dtype=dtype, device=self.device)  # noqa: E731
+            self._streak = z(torch.int32)
+            self._flags = {k: z() for k in ("wrong_hole", "penetration", "dropped")}
+            self._carried = torch.zeros((n, 3), dtype=torch.bool, device=self.device)
+            self._untouched_steps = torch.zeros((n, 3), dtype=torch.int32, device=self.device)
+            self._last_gripper_cmd = torch.ones(n, device=self.device)
+        self._streak[env_idx] = 0
+        for f in self._flags.values():
+            f[env_idx] = False
+        self._carried[env_idx] = False
+        self._untouched_steps[env_idx] = 0
+        self._last_gripper_cmd[env_idx] = 1.0
+        self._conditions = None
+
+    # --------------------------------------------------------------- predicates
+    def _block_state(self):
+        """Per block (b, 3 shapes, ...): board-frame xy, yaw, bottom z, speed."""
+        board = self.board.pose
+        byaw = torch.as_tensor(yaw_from_quat(board.q.cpu().numpy()), device=self.device, dtype=torch.float32)
+        c, s = torch.cos(-byaw), torch.sin(-byaw)
+        local_xy, yaw, bottom, speed, p_all = [], [], [], [], []
+        for k, shape in enumerate(geometry.SHAPES):
+            pose = self.blocks[shape].pose
+            d = pose.p[:, :2] - board.p[:, :2]
+            local_xy.append(torch.stack([c * d[:, 0] - s * d[:, 1], s * d[:, 0] + c * d[:, 1]], -1))
+            yaw.append(torch.as_tensor(yaw_from_quat(pose.q.cpu().numpy()), device=self.device, dtype=torch.float32) - byaw)
+            rot = _rotmat(pose.q)
+            z = torch.einsum("bj,vj->bv", rot[:, 2, :], self._prism_vertices[k]) + pose.p[:, 2:3]
+            bottom.append(z.min(dim=1).values - board.p[:, 2])
+            speed.append(torch.linalg.norm(self.blocks[shape].linear_velocity, dim=-1))
+            p_all.append(pose.p)
+        return torch.stack(local_xy, 1), torch.stack(yaw, 1), torch.stack(bottom, 1), torch.stack(speed, 1)
+
+    def _finger_forces(self):
+        """(b, 3 shapes, 2 fingers) contact force norms between fingers and blocks."""
+        out = torch.zeros((self.num_envs, 3, 2), device=self.device)
+        for k, shape in enumerate(geometry.SHAPES):
+            for f, link in enumerate(self._fingers):
+                out[:, k, f] = torch.linalg.norm(self.scene.get_pairwise_contact_forces(link, self.blocks[shape]), dim=-1)
+        return out
+
+    def _in_polygon(self, xy: torch.Tensor, hole: int, tol: float = 0.0) -> torch.Tensor:
+        n, d = self._hole_halfplanes[hole]
+        rel = xy - self._cell_xy[hole]
+        return ((rel @ n.T) <= d + tol).all(dim=-1)
+
+    def _compute_conditions(self) -> dict[str, torch.Tensor]:
+        local_xy, yaw, bottom, speed = self._block_state()
+        forces = self._finger_forces()
+        arm_q = self.agent.robot.get_qpos()
+        opening = (arm_q[:, -2:].mean(dim=-1) / self.arm.gripper_open_qpos)
+        top = geometry.PLATE_TOP_Z
+        own_dist = torch.linalg.norm(local_xy - self._cell_xy.unsqueeze(0), dim=-1)  # (b, 3)
+        matched = own_dist <= self.clearance + MATCH_MARGIN_M
+        deep = bottom <= top - DEEP_M
+        touched = (forces > CONTACT_EPS_N).any(dim=-1)
+        gripper_open = opening >= RELEASED_OPENING
+        released = (~touched) & gripper_open.unsqueeze(1)
+        settled = speed < SETTLED_MPS
+        ok = matched & deep & released & settled
+        active = self._active.to(self.device)
+        target = self._target_mask.to(self.device)
+        success_now = torch.where(target, ok, torch.ones_like(ok)).all(dim=1) & target.any(dim=1)
+
+        # which hole footprint each block centre is over
+        in_hole = torch.stack([self._in_polygon(local_xy, h) for h in range(3)], dim=-1)  # (b, block, hole)
+        eye = torch.eye(3, dtype=torch.bool, device=self.device)
+        over_other = (in_hole & ~eye).any(-1)
+        over_own = (in_hole & eye).any(-1)
+        half = torch.tensor([geometry.CELL_SIZE / 2, 1.5 * geometry.CELL_SIZE], device=self.device)
+        over_board = (local_xy.abs() < half).all(-1)
+        wrong_hole = (active & deep & over_other).any(1)
+        # penetration: inside the plate's slab where there is no opening, or outline through a wall, or under the table
+        in_slab = (bottom < top - PENETRATION_TOL_M) & (bottom > top - geometry.PLATE_THICKNESS - geometry.BLOCK_HEIGHT)
+        solid = over_board & ~in_hole.any(-1)
+        outline_out = torch.zeros_like(in_slab)
+        for k in range(3):
+            c, s = torch.cos(yaw[:, k]), torch.sin(yaw[:, k])
+            rot = torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)  # (b, 2, 2)
+            pts = torch.einsum("bij,vj->bvi", rot, self._outlines[k]) + local_xy[:, k:k + 1, :]
+            outline_out[:, k] = ~self._in_polygon(pts, k, PENETRATION_TOL_M).all(-1)
+        penetration = (active & ((in_slab & (solid | (over_own & outline_out))) | (bottom < -0.005))).any(1)
+        # dropped: a carried block loses both fingers for a few steps while the gripper is commanded closed
+        grasped = (forces > GRASP_FORCE_N).all(-1)
+        lifted = bottom > 0.01
+        self._carried |= grasped & lifted & active
+        self._untouched_steps = torch.where(touched, torch.zeros_like(self._untouched_steps), self._untouched_steps + 1)
+        cmd_closed = (self._last_gripper_cmd < 0).unsqueeze(1)
+        fell = self._carried & (self._untouched_steps >= DROP_CONFIRM_STEPS) & ~deep
+        dropped_now = (fell & cmd_closed & ~(over_own & matched)).any(1)
+        self._carried &= ~fell
+        rim = (target & ~deep & released & settled & over_board & (bottom > top - DEEP_M)).any(1)
+        inserted = (active & matched & deep).sum(1)
+        return dict(
+            success_now=success_now, matched=(matched & target).any(1) if True else matched, deep=(deep & target).any(1),
+            released=(released | ~target).all(1), settled=(settled | ~target).all(1),
+            wrong_hole=wrong_hole, penetration=penetration, dropped=dropped_now, rim=rim,
+            is_grasped=(grasped & target).any(1), blocks_inserted=inserted,
+        )
+
+    # --------------------------------------------------------------- stepping
+    def _step_action(self, action):
+        action = torch.as_tensor(np.asarray(action) if not isinstance(action, torch.Tensor) else action,
+                                 dtype=torch.float32, device=self.device).reshape(self.num_envs, -1).clone()
+        self._last_gripper_cmd = action[:, -1].clone()
+        if self.control_mode == "pd_ee_delta_pose":
+            # ManiSkill 3.0.1 scales the rotation part by rot_lower (-0.1), which turns it the wrong way;
+            # flip it so that +yaw turns counter-clockwise about world z, as the action convention says
+            action[:, 3:6] = -action[:, 3:6]
+        return super()._step_action(action if self.num_envs > 1 else action[0])
+
+    def _after_control_step(self):
+        super()._after_control_step()
+        cond = self._compute_conditions()
+        self._streak = torch.where(cond["success_now"], self._streak + 1, torch.zeros_like(self._streak))
+        for k in self._flags:
+            self._flags[k] |= cond[k]
+        self._conditions = cond
+
+    def evaluate(self) -> dict[str, Any]:
+        n = self.num_envs
+        cond = self._conditions
+        if cond is None:  # right after reset: nothing has been simulated yet
+            f = torch.zeros(n, dtype=torch.bool, device=self.device)
+            cond = dict(matched=f, deep=f, released=f, settled=f, rim=f, is_grasped=f,
+                        blocks_inserted=torch.zeros(n, dtype=torch.int64, device=self.device))
+        out = {k: cond[k] for k in ("matched", "deep", "released", "settled", "rim", "is_grasped", "blocks_inserted")}
+        out.update({k: v.clone() for k, v in self._flags.items()})
+        out["success_streak"] = self._streak.clone()
+        out["success"] = self._streak >= SUCCESS_HOLD_STEPS
+        return out
+
+    # -------------------------------------------------------------- observation
+    def task_state(self) -> dict[str, np.ndarray]:
+        """Exact simulator state for reference and adapted policies (numpy, batch first)."""
+        tcp = self.agent.tcp_pose
+        board = self.board.pose
+        cells = geometry.cell_centres()
+        byaw = yaw_from_quat(board.q.cpu().numpy())
+        hole_xy = np.stack([
+            board.p[:, :2].cpu().numpy() + np.stack([
+                np.cos(byaw) * cells[s][0] - np.sin(byaw) * cells[s][1],
+                np.sin(byaw) * cells[s][0] + np.cos(byaw) * cells[s][1]], -1)
+            for s in geometry.SHAPES], 1)
+        qpos = self.agent.robot.get_qpos().cpu().numpy()
+        return dict(
+            tcp_p=tcp.p.cpu().numpy(), tcp_q=tcp.q.cpu().numpy(),
+            gripper_opening=self.arm.gripper_opening(qpos[:, -2:].mean(-1)),
+            block_p=np.stack([self.blocks[s].pose.p.cpu().numpy() for s in geometry.SHAPES], 1),
+            block_q=np.stack([self.blocks[s].pose.q.cpu().numpy() for s in geometry.SHAPES], 1),
+            hole_xy=hole_xy, hole_yaw=np.repeat(byaw[:, None], 3, 1),
+            board_top_z=board.p[:, 2].cpu().numpy() + geometry.PLATE_TOP_Z,
+            active=self._active.cpu().numpy(), target=self._target_mask.cpu().numpy(),
+            is_grasped=self.evaluate()["is_grasped"].cpu().numpy(),
+        )
+
+    def _get_obs_extra(self, info: dict):
+        obs = dict(tcp_pose=self.agent.tcp_pose.raw_pose)
+        if self.obs_mode_struct.use_state:
+            obs.update(
+                block_poses=torch.cat([self.blocks[s].pose.raw_pose for s in geometry.SHAPES], -1),
+                board_pose=self.board.pose.raw_pose,
+                target=self._target_mask.to(self.device).float(),
+                active=self._active.to(self.device).float(),
+            )
+        return obs
+
+    def compute_sparse_reward(self, obs: Any, action: torch.Tensor, info: dict):
+        return info["success"].float()

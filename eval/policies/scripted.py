@@ -1,0 +1,191 @@
+"""The scripted reference controller (track: reference).
+
+Closed loop on the exact simulator state: every step it reads the poses of the
+gripper, the target block and its hole, decides its phase from them and
+commands an end-effector delta toward the phase's goal. If the block moves
+(shove, slip, drop), the next step's goal moves with it, and losing the block
+sends the controller back to the approach.
+
+Phases: approach above the knob -> descend -> close -> lift -> carry over the
+hole while turning by the shortest yaw that matches the hole's symmetry ->
+insert (descend slowly, still correcting xy and yaw) -> open -> retreat. On
+the full board it repeats this for every block not yet in its hole.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+from scipy.spatial.transform import Rotation
+
+from env import geometry
+from eval.policies.base import Policy
+
+POS_SCALE = 0.1  # metres per unit action (pd_ee_delta_pose)
+ROT_SCALE = 0.1  # radians per unit action
+APPROACH_HEIGHT = 0.08  # above the knob top
+CARRY_CLEARANCE = 0.035  # block bottom above the plate top while carrying
+GRASP_DEPTH = 0.012  # tcp below the knob top when grasping
+FAST_STEP = 0.03  # metres per control step, free motion
+SLOW_STEP = 0.003  # metres per control step asked while inserting (the arm lags: about 2.5 cm/s)
+CLOSE_STEPS = 6
+OPEN_STEPS = 6
+LOST_STEPS = 3
+
+
+def _wxyz_to_rot(q: np.ndarray) -> Rotation:
+    return Rotation.from_quat([q[1], q[2], q[3], q[0]])
+
+
+def _yaw(q: np.ndarray) -> float:
+    w, x, y, z = q
+    return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
+
+
+def _wrap(a: float) -> float:
+    return float((a + np.pi) % (2 * np.pi) - np.pi)
+
+
+def _top_down(closing_angle: float) -> Rotation:
+    """Gripper orientation pointing down with fingers closing along ``closing_angle``."""
+    approaching = np.array([0.0, 0.0, -1.0])
+    closing = np.array([np.cos(closing_angle), np.sin(closing_angle), 0.0])
+    ortho = np.cross(closing, approaching)
+    return Rotation.from_matrix(np.stack([ortho, closing, approaching], axis=1))
+
+
+class ScriptedPolicy(Policy):
+    name = "scripted"
+    track = "reference"
+    observes = "state"
+
+    def __init__(self, clearance: float = geometry.DEFAULT_CLEARANCE) -> None:
+        super().__init__()
+        self.clearance = clearance
+        self.reset("")
+
+    def reset(self, instruction: str, seed: int | None = None) -> None:
+        self.phase = "approach"
+        self.counter = 0
+        self.lost = 0
+        self.block_k: int | None = None
+        self.hold_z: float | None = None
+        self.stall = 0
+        self.last_bottom = np.inf
+
+    # -------------------------------------------------------------- helpers
+    def _closing_angle(self, tcp_q: np.ndarray) -> float:
+        y_axis = _wxyz_to_rot(tcp_q).as_matrix()[:, 1]
+        return float(np.arctan2(y_axis[1], y_axis[0]))
+
+    def _action(self, s, goal_p, goal_angle, gripper, max_step) -> np.ndarray:
+        tcp_p, tcp_q = s["tcp_p"], s["tcp_q"]
+        d = goal_p - tcp_p
+        n = np.linalg.norm(d)
+        if n > max_step:
+            d = d * (max_step / n)
+        rot_err = (_top_down(goal_angle) * _wxyz_to_rot(tcp_q).inv()).as_rotvec()
+        rot_err = np.clip(rot_err, -0.1, 0.1)
+        a = np.concatenate([d / POS_SCALE, rot_err / ROT_SCALE, [gripper]])
+        return np.clip(a, -1.0, 1.0).astype(np.float32)
+
+    def _pick_block(self, s) -> int | None:
+        """Next target block not yet in its hole (full board: in cell order)."""
+        for k in range(3):
+            if s["target"][k] and not self._inserted(s, k):
+                return k
+        return None
+
+    def _inserted(self, s, k) -> bool:
+        bottom = s["block_p"][k][2] - geometry.BLOCK_HEIGHT / 2
+        xy_err = np.linalg.norm(s["block_p"][k][:2] - s["hole_xy"][k])
+        return bottom <= s["board_top_z"] - 0.026 and xy_err <= self.clearance + 0.003
+
+    # ----------------------------------------------------------------- act
+    def act(self, observation: Mapping[str, Any]) -> np.ndarray:
+        s = observation["state"]
+        if self.block_k is None or self.phase == "next":
+            self.block_k = self._pick_block(s)
+            self.phase = "approach" if self.block_k is not None else "done"
+        if self.phase == "done":
+            return np.array([0, 0, 0, 0, 0, 0, 1], dtype=np.float32)
+        k = self.block_k
+        shape = geometry.SHAPES[k]
+        bp, bq = s["block_p"][k], s["block_q"][k]
+        byaw = _yaw(bq)
+        tcp_p = s["tcp_p"]
+        angle = self._closing_angle(s["tcp_q"])
+        knob_top = bp[2] + geometry.BLOCK_HEIGHT / 2 + geometry.KNOB_HEIGHT
+        bottom = bp[2] - geometry.BLOCK_HEIGHT / 2
+        top_z = s["board_top_z"]
+        grasped = bool(s["is_grasped"])
+
+        if self.phase in ("lift", "carry", "insert"):
+            self.lost = 0 if grasped else self.lost + 1
+            if self.lost >= LOST_STEPS:  # block slipped or was knocked away: start over
+                self.phase, self.counter = "approach", 0
+
+        if self.phase in ("approach", "descend", "close"):
+            # square knob: close along the block's x or y axis, the one nearest the current grip
+            grip_angle = byaw + np.pi / 2 * np.round(_wrap(angle - byaw) / (np.pi / 2))
+            grasp_p = np.array([bp[0], bp[1], knob_top - GRASP_DEPTH])
+            if self.phase == "approach":
+                goal = grasp_p + [0, 0, APPROACH_HEIGHT]
+                if np.linalg.norm(goal - tcp_p) < 0.01 and abs(_wrap(grip_angle - angle)) < np.deg2rad(3):
+                    self.phase = "descend"
+                return self._action(s, goal, grip_angle, 1.0, FAST_STEP)
+            if self.phase == "descend":
+                if np.linalg.norm(grasp_p - tcp_p) < 0.004:
+                    self.phase, self.counter = "close", 0
+                return self._action(s, grasp_p, grip_angle, 1.0, FAST_STEP / 2)
+            self.counter += 1
+            if self.counter >= CLOSE_STEPS:
+                self.phase, self.lost = "lift", 0
+            return self._action(s, grasp_p, grip_angle, -1.0, FAST_STEP)
+
+        hole_xy = s["hole_xy"][k]
+        yaw_err = geometry.yaw_error(shape, byaw, float(s["hole_yaw"][k]))
+        goal_angle = angle + yaw_err
+        xy_err = hole_xy - bp[:2]
+        carry_dz = (top_z + CARRY_CLEARANCE) - bottom
+
+        if self.phase == "lift":
+            goal = np.array([tcp_p[0], tcp_p[1], tcp_p[2] + carry_dz])
+            if carry_dz < 0.005:
+                self.phase = "carry"
+            return self._action(s, goal, angle, -1.0, FAST_STEP)
+
+        if self.phase == "carry":
+            goal = np.array([tcp_p[0] + xy_err[0], tcp_p[1] + xy_err[1], tcp_p[2] + carry_dz])
+            xy_tol = max(0.0003, 0.3 * self.clearance)
+            if np.linalg.norm(xy_err) < xy_tol and abs(yaw_err) < np.deg2rad(0.7) and abs(carry_dz) < 0.01:
+                self.phase, self.stall, self.last_bottom = "insert", 0, bottom
+            step = FAST_STEP if np.linalg.norm(xy_err) > 0.02 else FAST_STEP / 4
+            return self._action(s, goal, goal_angle, -1.0, step)
+
+        if self.phase == "insert":
+            target_bottom = top_z - geometry.PLATE_TOP_Z - 0.01  # aim below the table: the table stops it
+            goal = np.array([tcp_p[0] + xy_err[0], tcp_p[1] + xy_err[1], tcp_p[2] + (target_bottom - bottom)])
+            self.stall = self.stall + 1 if bottom > self.last_bottom - 0.0003 else 0
+            self.last_bottom = min(self.last_bottom, bottom)
+            through = bottom <= top_z - 0.027 or bottom <= 0.002
+            if through and self.stall >= 2:
+                self.phase, self.counter = "open", 0
+            elif self.stall >= 8 and not through:  # jammed on the rim: back up and realign
+                self.phase = "carry"
+            step = FAST_STEP / 3 if bottom > top_z + 0.012 else SLOW_STEP
+            return self._action(s, goal, goal_angle, -1.0, step)
+
+        if self.phase == "open":
+            self.counter += 1
+            if self.counter >= OPEN_STEPS:
+                self.phase, self.hold_z = "retreat", tcp_p[2] + 0.08
+            return self._action(s, tcp_p, angle, 1.0, FAST_STEP)
+
+        if self.phase == "retreat":
+            goal = np.array([tcp_p[0], tcp_p[1], self.hold_z])
+            if tcp_p[2] > self.hold_z - 0.01:
+                self.phase = "next"
+            return self._action(s, goal, angle, 1.0, FAST_STEP)
+        raise AssertionError(f"unknown phase {self.phase}")

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Idempotent setup for shape-assembly-bench, called by `make setup`.
+#
+#   PYTHON unset/empty  -> create (if missing) and use <repo>/.venv
+#   PYTHON=/path/python -> install into that interpreter (e.g. in a container)
+#
+# Steps (each prints one line saying what it did or skipped):
+#   1. CPU Vulkan (Mesa lavapipe >= 24.3) via apt, when root
+#   2. torch, only when `import torch` fails (never replaces an existing torch)
+#   3. pip install -e ".[sim,export,dev]", skipped when already done
+# Set SKIP_APT=1 to skip step 1.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+
+MESA_MIN="${MESA_MIN:-24.3}"   # overridable only to exercise the apt path
+TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+EXTRAS="sim,export,dev"
+PACKAGES=(env eval engines jetson benchmarks)
+
+say() { echo "[setup] $*"; }
+die() { echo "[setup] ERROR: $*" >&2; exit 1; }
+
+# ---------------------------------------------------------------- interpreter
+if [[ -z "${PYTHON:-}" ]]; then
+    PY="$REPO/.venv/bin/python"
+    STAMP="$REPO/.venv/.installed"
+    if [[ -x "$PY" ]]; then
+        say "venv: using existing $REPO/.venv"
+    else
+        BASE_PY="$(command -v python3 || true)"
+        [[ -n "$BASE_PY" ]] || die "python3 not found on PATH (need Python >= 3.10)"
+        /usr/bin/env python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+            || die "python3 at $BASE_PY is older than 3.10"
+        /usr/bin/env python3 -m venv "$REPO/.venv" \
+            || die "python3 -m venv failed (on Debian/Ubuntu: apt-get install python3-venv)"
+        "$PY" -m pip install -q --upgrade pip
+        say "venv: created $REPO/.venv with $BASE_PY ($("$PY" -V 2>&1))"
+    fi
+else
+    PY="$PYTHON"
+    command -v "$PY" >/dev/null 2>&1 || die "PYTHON=$PY is not an executable"
+    "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+        || die "PYTHON=$PY is older than Python 3.10"
+    key="$("$PY" -c 'import sys; print(sys.executable)' | md5sum | cut -c1-12)"
+    mkdir -p "$REPO/build"
+    STAMP="$REPO/build/.installed-$key"
+    say "interpreter: using PYTHON=$PY ($("$PY" -V 2>&1)), no venv"
+fi
+
+# ------------------------------------------------------- 1. Vulkan (lavapipe)
+mesa_step() {
+    if [[ "${SKIP_APT:-0}" == "1" ]]; then
+        say "vulkan: skipped (SKIP_APT=1)"; return
+    fi
+    if [[ "$(uname -s)" != "Linux" ]] || ! command -v apt-get >/dev/null 2>&1 \
+        || ! command -v dpkg-query >/dev/null 2>&1; then
+        say "vulkan: skipped (not a Debian/Ubuntu system; CPU rendering needs Mesa lavapipe >= $MESA_MIN)"
+        return
+    fi
+    local icd ver
+    icd="$(ls /usr/share/vulkan/icd.d/lvp_icd*.json 2>/dev/null | head -n1 || true)"
+    ver="$(dpkg-query -W -f='${Version}' mesa-vulkan-drivers 2>/dev/null || true)"
+    if [[ -n "$icd" && -n "$ver" ]] && dpkg --compare-versions "$ver" ge "$MESA_MIN"; then
+        say "vulkan: skipped (mesa-vulkan-drivers $ver, lavapipe ICD present)"
+        return
+    fi
+    local codename=""
+    if [[ -r /etc/os-release ]]; then
+        codename="$(. /etc/os-release; echo "${VERSION_CODENAME:-}")"
+    fi
+    local cmd
+    if [[ "$codename" == "bookworm" ]]; then
+        cmd="echo 'deb http://deb.debian.org/debian bookworm-backports main' > /etc/apt/sources.list.d/bookworm-backports.list && apt-get update && apt-get install -y -t bookworm-backports mesa-vulkan-drivers libvulkan1"
+    else
+        cmd="apt-get update && apt-get install -y mesa-vulkan-drivers libvulkan1"
+    fi
+    if [[ "$(id -u)" != "0" ]]; then
+        say "vulkan: skipped, not root (mesa-vulkan-drivers '${ver:-missing}' < $MESA_MIN); run as root: $cmd"
+        return
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    if [[ "$codename" == "bookworm" ]]; then
+        if ! grep -rqsE '^[^#]*bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+            echo 'deb http://deb.debian.org/debian bookworm-backports main' \
+                > /etc/apt/sources.list.d/bookworm-backports.list
+        fi
+        apt-get update -qq >/dev/null
+        apt-get install -y -qq -t bookworm-backports mesa-vulkan-drivers libvulkan1 >/dev/null
+    else
+        # Older releases whose newest Mesa is still too old: don't re-run apt every time.
+        local cand
+        cand="$(apt-cache policy mesa-vulkan-drivers 2>/dev/null | awk '/Candidate:/ {print $2}')"
+        if [[ -n "$ver" && -n "$cand" && "$cand" != "(none)" ]] \
+            && dpkg --compare-versions "$cand" le "$ver"; then
+            say "vulkan: WARNING mesa-vulkan-drivers $ver is the newest available but < $MESA_MIN; CPU rendering may fail (use a GPU or a newer distro)"
+            return
+        fi
+        apt-get update -qq >/dev/null
+        apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+    fi
+    ver="$(dpkg-query -W -f='${Version}' mesa-vulkan-drivers 2>/dev/null || true)"
+    if [[ -n "$ver" ]] && dpkg --compare-versions "$ver" ge "$MESA_MIN"; then
+        say "vulkan: installed mesa-vulkan-drivers $ver and libvulkan1 (${codename:-unknown release})"
+    else
+        say "vulkan: WARNING installed mesa-vulkan-drivers '${ver:-none}' < $MESA_MIN; CPU rendering may fail"
+    fi
+}
+mesa_step
+
+# ------------------------------------------------------------------ 2. torch
+if "$PY" -c 'import torch' >/dev/null 2>&1; then
+    say "torch: skipped (found torch $("$PY" -c 'import torch; print(torch.__version__)'))"
+elif [[ "$(uname -s)" == "Linux" && "$(uname -m)" == "x86_64" ]]; then
+    "$PY" -m pip install -q "$TORCH_SPEC"
+    say "torch: installed $TORCH_SPEC (CPU wheel) into $PY"
+else
+    die "torch is missing for $PY on $(uname -s)/$(uname -m): install the torch build for your platform first (on Jetson: NVIDIA's JetPack wheel), then re-run make setup"
+fi
+
+# ------------------------------------------------------- 3. editable install
+present=()
+for p in "${PACKAGES[@]}"; do
+    [[ -f "$REPO/$p/__init__.py" ]] && present+=("$p")
+done
+stamp_text="python=$("$PY" -c 'import sys; print(sys.executable)') extras=$EXTRAS packages=${present[*]:-}"
+
+installed_here=0
+show="$("$PY" -m pip show shape-assembly-bench 2>/dev/null || true)"
+if grep -qxF "Editable project location: $REPO" <<<"$show"; then
+    installed_here=1
+fi
+if [[ "$installed_here" == "1" && -f "$STAMP" && ! "$REPO/setup.py" -nt "$STAMP" ]] \
+    && [[ "$(cat "$STAMP")" == "$stamp_text" ]]; then
+    say "install: skipped (editable install of $REPO is current)"
+else
+    "$PY" -m pip install -q -e "$REPO[$EXTRAS]"
+    printf '%s' "$stamp_text" > "$STAMP"
+    say "install: pip install -e \".[$EXTRAS]\" done"
+fi

@@ -1,0 +1,44 @@
+"""Packaging for shape-assembly-bench.
+
+torch is deliberately NOT listed: mani-skill depends on it, and `make setup`
+installs a CPU wheel first only when no torch is present, so a GPU or Jetson
+(JetPack) torch that a user already has is never replaced.
+"""
+from setuptools import find_packages, setup
+
+TOP_LEVEL = ["env", "eval", "engines", "jetson", "benchmarks"]
+
+setup(
+    name="shape-assembly-bench",
+    version="0.1.0",
+    description=(
+        "Shape-assembly benchmark (ManiSkill 3 / SAPIEN 3): simulation, "
+        "policy tracks, ONNX/TensorRT export and Jetson latency profiling"
+    ),
+    python_requires=">=3.10",
+    packages=find_packages(include=TOP_LEVEL + [p + ".*" for p in TOP_LEVEL]),
+    package_data={"env": ["*.json", "*.md", "**/*.json", "**/*.md"]},
+    install_requires=[
+        "numpy",
+        "scipy",
+        "trimesh",
+        "shapely",
+        "gymnasium",
+        "tqdm",
+        "matplotlib",
+        "h5py",
+        "safetensors",
+        "pillow",
+    ],
+    extras_require={
+        "sim": ["mani-skill==3.0.1", "sapien==3.0.3"],
+        "export": ["onnx", "onnxruntime"],
+        # TensorRT is not installed from PyPI here: on Jetson it comes with
+        # JetPack, on x86 from NVIDIA's pip index (see README). Kept as an
+        # (empty) extra so `pip install -e .[trt]` is a valid spelling.
+        "trt": [],
+        "jetson": ["jetson-stats"],
+        "jax": ["jax", "flax"],
+        "dev": ["pytest", "pytest-timeout"],
+    },
+)
