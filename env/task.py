@@ -72,8 +72,8 @@ DROP_CONFIRM_STEPS = 3
 PENETRATION_TOL_M = 0.0015
 THIRD_PERSON_CAMERA = "third_person"
 THIRD_PERSON_SIZE = (256, 256)
-THIRD_PERSON_EYE = (0.42, 0.38, 0.42)
-THIRD_PERSON_TARGET = (-0.06, 0.0, 0.0)
+THIRD_PERSON_EYE = (0.30, 0.26, 0.40)
+THIRD_PERSON_TARGET = (-0.07, -0.02, 0.0)
 BLOCK_COLORS = {"circle": (0.85, 0.2, 0.15, 1), "square": (0.15, 0.35, 0.85, 1), "triangle": (0.95, 0.75, 0.1, 1)}
 BOARD_COLOR = (0.55, 0.42, 0.3, 1)
 _FLOOR_Z = -0.9196429  # ManiSkill's table top is z = 0, the floor is below it
@@ -138,6 +138,25 @@ def _rotmat(q: torch.Tensor) -> torch.Tensor:
         2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
         2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
     ], dim=-1).reshape(q.shape[:-1] + (3, 3))
+
+
+def success_conditions(own_dist, bottom, speed, touched, opening, clearance):
+    """The spec's four success conditions per block (tensors of shape (scenes, blocks)).
+
+    own_dist: distance (m) of each block centre from its own hole's centre in the board plane;
+    bottom: lowest point of each block above the board's base (m); speed: m/s;
+    touched: any finger touches the block; opening: gripper opening fraction per scene.
+    """
+    matched = own_dist <= clearance + MATCH_MARGIN_M
+    deep = bottom <= geometry.PLATE_TOP_Z - DEEP_M
+    released = (~touched) & (opening >= RELEASED_OPENING).unsqueeze(-1)
+    settled = speed < SETTLED_MPS
+    return matched, deep, released, settled
+
+
+def next_streak(streak, success_now):
+    """Consecutive steps with all conditions true; any break resets it to zero."""
+    return torch.where(success_now, streak + 1, torch.zeros_like(streak))
 
 
 @register_env(ENV_ID, max_episode_steps=300)
@@ -292,7 +311,7 @@ class ShapeAssemblyEnv(BaseEnv):
         board = self.board.pose
         byaw = torch.as_tensor(yaw_from_quat(board.q.cpu().numpy()), device=self.device, dtype=torch.float32)
         c, s = torch.cos(-byaw), torch.sin(-byaw)
-        local_xy, yaw, bottom, speed, p_all = [], [], [], [], []
+        local_xy, yaw, bottom, speed = [], [], [], []
         for k, shape in enumerate(geometry.SHAPES):
             pose = self.blocks[shape].pose
             d = pose.p[:, :2] - board.p[:, :2]
@@ -302,7 +321,6 @@ class ShapeAssemblyEnv(BaseEnv):
             z = torch.einsum("bj,vj->bv", rot[:, 2, :], self._prism_vertices[k]) + pose.p[:, 2:3]
             bottom.append(z.min(dim=1).values - board.p[:, 2])
             speed.append(torch.linalg.norm(self.blocks[shape].linear_velocity, dim=-1))
-            p_all.append(pose.p)
         return torch.stack(local_xy, 1), torch.stack(yaw, 1), torch.stack(bottom, 1), torch.stack(speed, 1)
 
     def _finger_forces(self):
@@ -325,12 +343,8 @@ class ShapeAssemblyEnv(BaseEnv):
         opening = (arm_q[:, -2:].mean(dim=-1) / self.arm.gripper_open_qpos)
         top = geometry.PLATE_TOP_Z
         own_dist = torch.linalg.norm(local_xy - self._cell_xy.unsqueeze(0), dim=-1)  # (b, 3)
-        matched = own_dist <= self.clearance + MATCH_MARGIN_M
-        deep = bottom <= top - DEEP_M
         touched = (forces > CONTACT_EPS_N).any(dim=-1)
-        gripper_open = opening >= RELEASED_OPENING
-        released = (~touched) & gripper_open.unsqueeze(1)
-        settled = speed < SETTLED_MPS
+        matched, deep, released, settled = success_conditions(own_dist, bottom, speed, touched, opening, self.clearance)
         ok = matched & deep & released & settled
         active = self._active.to(self.device)
         target = self._target_mask.to(self.device)
@@ -366,7 +380,7 @@ class ShapeAssemblyEnv(BaseEnv):
         rim = (target & ~deep & released & settled & over_board & (bottom > top - DEEP_M)).any(1)
         inserted = (active & matched & deep).sum(1)
         return dict(
-            success_now=success_now, matched=(matched & target).any(1) if True else matched, deep=(deep & target).any(1),
+            success_now=success_now, matched=(matched | ~target).all(1), deep=(deep | ~target).all(1),
             released=(released | ~target).all(1), settled=(settled | ~target).all(1),
             wrong_hole=wrong_hole, penetration=penetration, dropped=dropped_now, rim=rim,
             is_grasped=(grasped & target).any(1), blocks_inserted=inserted,
@@ -386,7 +400,7 @@ class ShapeAssemblyEnv(BaseEnv):
     def _after_control_step(self):
         super()._after_control_step()
         cond = self._compute_conditions()
-        self._streak = torch.where(cond["success_now"], self._streak + 1, torch.zeros_like(self._streak))
+        self._streak = next_streak(self._streak, cond["success_now"])
         for k in self._flags:
             self._flags[k] |= cond[k]
         self._conditions = cond
