@@ -247,6 +247,29 @@ def block_collision_parts(shape) -> list[np.ndarray]:
     ]
 
 
+# Distractor objects (clutter setups): prisms too large for every hole at any yaw
+# and every clearance up to 3 mm (checked by a test). kind -> (outline maker, height)
+DISTRACTOR_HEIGHT = {"cube": 0.055, "hexagon": 0.040, "bar": 0.030}
+
+
+def distractor_outline(kind) -> np.ndarray:
+    """(N,2) CCW outline of a distractor at yaw 0, centred on its centroid."""
+    if kind == "cube":
+        h = 0.0275
+        return np.array([[h, -h], [h, h], [-h, h], [-h, -h]])
+    if kind == "hexagon":
+        return _regular_polygon(6, 0.032)
+    if kind == "bar":
+        return np.array([[0.035, -0.015], [0.035, 0.015], [-0.035, 0.015], [-0.035, -0.015]])
+    raise ValueError(f"unknown distractor {kind!r}; valid: {', '.join(DISTRACTOR_HEIGHT)}")
+
+
+def distractor_collision_parts(kind) -> list[np.ndarray]:
+    """Convex vertex arrays in the distractor's frame (origin at mid-height)."""
+    h = DISTRACTOR_HEIGHT[kind] / 2
+    return [_extrude(distractor_outline(kind), -h, h)]
+
+
 def _quat_wxyz_to_matrix(q) -> np.ndarray:
     w, x, y, z = np.asarray(q, dtype=float) / np.linalg.norm(q)
     return np.array([

@@ -56,7 +56,7 @@ from mani_skill.utils.structs.types import SceneConfig, SimConfig
 from env import geometry
 from env.arms import ArmSpec, get_arm
 from env.setups import Setup, get_setup
-from env.starts import StartState, sample_start
+from env.starts import DEFAULT_BLOCK_RGB, StartState, sample_start
 
 ENV_ID = "ShapeAssembly-v1"
 CONTROL_FREQ = 20
@@ -74,26 +74,24 @@ THIRD_PERSON_CAMERA = "third_person"
 THIRD_PERSON_SIZE = (256, 256)
 THIRD_PERSON_EYE = (0.30, 0.26, 0.40)
 THIRD_PERSON_TARGET = (-0.07, -0.02, 0.0)
-BLOCK_COLORS = {"circle": (0.85, 0.2, 0.15, 1), "square": (0.15, 0.35, 0.85, 1), "triangle": (0.95, 0.75, 0.1, 1)}
+BLOCK_COLORS = {s: (*rgb, 1.0) for s, rgb in DEFAULT_BLOCK_RGB.items()}
 BOARD_COLOR = (0.55, 0.42, 0.3, 1)
+DISTRACTOR_COLORS = {"cube": (0.3, 0.6, 0.3, 1), "hexagon": (0.55, 0.3, 0.6, 1), "bar": (0.5, 0.5, 0.5, 1)}
+# lighting presets: (ambient rgb, [(direction, rgb), ...]); D02's key light colour is drawn per try
+LIGHTING = {
+    "default": ((0.3, 0.3, 0.3), [((1, 1, -1), (1, 1, 1)), ((0, 0, -1), (1, 1, 1))]),
+    "dim": ((0.05, 0.05, 0.05), [((1, 1, -1), (0.18, 0.18, 0.18)), ((0, 0, -1), (0.12, 0.12, 0.12))]),
+    "colored": ((0.25, 0.25, 0.25), [((1, 1, -1), (2.5, 2.5, 2.5)), ((0, 0, -1), (0.3, 0.3, 0.3))]),
+}
+# occlusion panel (E03/E04): a visual-only square on the line from the camera to the board's circle cell
+OCCLUSION_FRACTION = 0.3  # of the way from the nominal camera to the board's circle cell
+OCCLUSION_HALF_SIZE = 0.022
+FORCED_DROP_TRIGGER_M = 0.04  # the target's first lift by this much (bottom above the table) starts F04
+NUDGE_RADIUS_M = 0.06  # F05 fires when the carried target's centre comes this close to its hole
 _FLOOR_Z = -0.9196429  # ManiSkill's table top is z = 0, the floor is below it
 _PARK_XY = (-1.2, 1.2)  # unused blocks wait on the floor out of every view
 
-# setup parameters the scene does not simulate yet: refusing beats a silently wrong number
-_NOT_YET_SIMULATED = (
-    "n_distractors", "packed", "lighting", "random_colors", "color_swap", "camera_shift_m", "occlusion",
-    "latency_steps", "shove_step", "forced_drop_steps", "nudge_m",
-)
-_DEFAULT_SETUP = get_setup("A01")
-
-
-
-def check_simulated(setup: Setup) -> None:
-    """Raise NotImplementedError naming the changes of ``setup`` the scene cannot simulate yet."""
-    missing = [f for f in _NOT_YET_SIMULATED if getattr(setup, f) != getattr(_DEFAULT_SETUP, f)]
-    if missing:
-        raise NotImplementedError(f"setup {setup.id} changes {', '.join(missing)}, which the scene does not simulate yet")
-
+HOLD_ACTION = torch.tensor([0, 0, 0, 0, 0, 0, 1.0])  # no motion, gripper open
 
 INSTRUCTION = "put the {shape} block into the {shape} hole"
 INSTRUCTION_FULL_BOARD = "put every block into its matching hole"
@@ -129,6 +127,38 @@ def yaw_from_quat(q: np.ndarray) -> np.ndarray:
     q = np.asarray(q)
     w, x, y, z = q[..., 0], q[..., 1], q[..., 2], q[..., 3]
     return np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+
+
+def third_person_pose(offset=(0.0, 0.0, 0.0, 0.0, 0.0)):
+    """Third-person camera pose: nominal eye moved by (dx, dy, dz) and its view turned by (dyaw, dpitch)."""
+    dx, dy, dz, dyaw, dpitch = offset
+    eye = np.array(THIRD_PERSON_EYE) + [dx, dy, dz]
+    view = np.array(THIRD_PERSON_TARGET) - np.array(THIRD_PERSON_EYE)
+    c, s = np.cos(dyaw), np.sin(dyaw)
+    view = np.array([c * view[0] - s * view[1], s * view[0] + c * view[1], view[2]])
+    horiz = np.hypot(view[0], view[1])
+    pitch = np.arctan2(view[2], horiz) + dpitch
+    heading = np.arctan2(view[1], view[0])
+    n = np.linalg.norm(view)
+    view = n * np.array([np.cos(pitch) * np.cos(heading), np.cos(pitch) * np.sin(heading), np.sin(pitch)])
+    return sapien_utils.look_at(eye=eye, target=eye + view)
+
+
+def _set_entity_color(entity, rgb) -> None:
+    """Set the base colour of every visual part, dropping textures (a drawn colour replaces the wood grain)."""
+    body = entity.find_component_by_type(sapien.render.RenderBodyComponent)
+    if body is None:
+        return
+    for shape in body.render_shapes:
+        parts = shape.parts if hasattr(shape, "parts") else [shape]
+        for part in parts:
+            part.material.base_color_texture = None
+            part.material.set_base_color([*rgb[:3], 1.0])
+
+
+def _set_actor_color(actor, rgb) -> None:
+    for entity in actor._objs:
+        _set_entity_color(entity, rgb)
 
 
 def _rotmat(q: torch.Tensor) -> torch.Tensor:
@@ -167,7 +197,6 @@ class ShapeAssemblyEnv(BaseEnv):
 
     def __init__(self, *args, setup: str | Setup = "A01", arm: str = "panda", **kwargs):
         self.task_setup = setup if isinstance(setup, Setup) else get_setup(setup)
-        check_simulated(self.task_setup)
         self.arm: ArmSpec = get_arm(arm)
         kwargs.setdefault("control_mode", "pd_ee_delta_pose")
         kwargs.setdefault("sim_backend", "physx_cpu")
@@ -203,12 +232,24 @@ class ShapeAssemblyEnv(BaseEnv):
     def _load_agent(self, options: dict):
         super()._load_agent(options, sapien.Pose(p=[*self.arm.base_xy, 0]))
 
+    def _load_lighting(self, options: dict):
+        ambient, lights = LIGHTING[self.task_setup.lighting]
+        self.scene.set_ambient_light(list(ambient))
+        for direction, color in lights:
+            self.scene.add_directional_light(list(direction), list(color))
+        self._lights = [
+            c for sub in self.scene.sub_scenes for e in sub.entities if e.name == "directional_light"
+            for c in e.components if isinstance(c, sapien.render.RenderDirectionalLightComponent)
+        ]
+
     def _load_scene(self, options: dict):
         self.table_scene = TableSceneBuilder(self, robot_init_qpos_noise=0.0)
         self.table_scene.build()
         self.clearance = self.task_setup.clearance_m
         self.board = self._build_board()
         self.blocks = {shape: self._build_block(shape) for shape in geometry.SHAPES}
+        self.distractors = {kind: self._build_distractor(kind) for kind in geometry.DISTRACTOR_HEIGHT}
+        self.occluder = self._build_occluder() if self.task_setup.occlusion else None
         cells = geometry.cell_centres()
         self._cell_xy = torch.tensor(np.stack([cells[s] for s in geometry.SHAPES]), dtype=torch.float32, device=self.device)
         normals, offsets = [], []
@@ -247,6 +288,27 @@ class ShapeAssemblyEnv(BaseEnv):
         builder.initial_pose = sapien.Pose(p=[*_PARK_XY, _FLOOR_Z + 1])
         return builder.build(name=f"block_{shape}")
 
+    def _build_distractor(self, kind: str):
+        builder = self.scene.create_actor_builder()
+        material = sapien.render.RenderMaterial(base_color=DISTRACTOR_COLORS[kind], roughness=0.6)
+        for part in geometry.distractor_collision_parts(kind):
+            path = convex_mesh_file(part)
+            builder.add_convex_collision_from_file(path, density=500)
+            builder.add_visual_from_file(path, material=material)
+        builder.initial_pose = sapien.Pose(p=[*_PARK_XY, _FLOOR_Z + 1])
+        return builder.build(name=f"distractor_{kind}")
+
+    def _build_occluder(self):
+        """A grey panel with no collision shape: it hides part of the board from the third-person camera."""
+        builder = self.scene.create_actor_builder()
+        h = OCCLUSION_HALF_SIZE
+        builder.add_box_visual(half_size=[0.002, h, h], material=sapien.render.RenderMaterial(base_color=(0.35, 0.35, 0.38, 1)))
+        eye = np.array(THIRD_PERSON_EYE)
+        aim = np.array([0.03, geometry.cell_centres()["circle"][1], geometry.PLATE_TOP_Z])
+        centre = eye + OCCLUSION_FRACTION * (aim - eye)
+        builder.initial_pose = sapien_utils.look_at(eye=centre, target=eye).sp  # the panel's x axis faces the camera
+        return builder.build_kinematic(name="occluder")
+
     # ----------------------------------------------------------------- episode
     def _initialize_episode(self, env_idx: torch.Tensor, options: dict):
         b = len(env_idx)
@@ -265,19 +327,11 @@ class ShapeAssemblyEnv(BaseEnv):
             board_q = torch.tensor(_quat_yaw([s.board_yaw for s in starts]), dtype=torch.float32)
             self.board.set_pose(Pose.create_from_pq(board_p, board_q))
             for k, shape in enumerate(geometry.SHAPES):
-                p = torch.zeros((b, 3))
-                yaw = np.zeros(b)
-                for i, s in enumerate(starts):
-                    blk = next((x for x in s.blocks if x.shape == shape), None)
-                    if blk is None:
-                        p[i] = torch.tensor([_PARK_XY[0], _PARK_XY[1] + 0.15 * k, _FLOOR_Z + geometry.BLOCK_HEIGHT / 2])
-                    else:
-                        p[i] = torch.tensor([blk.x, blk.y, geometry.BLOCK_HEIGHT / 2 + 1e-4])
-                        yaw[i] = blk.yaw
-                actor = self.blocks[shape]
-                actor.set_pose(Pose.create_from_pq(p, torch.tensor(_quat_yaw(yaw), dtype=torch.float32)))
-                actor.set_linear_velocity(torch.zeros((b, 3)))
-                actor.set_angular_velocity(torch.zeros((b, 3)))
+                placed = [next((x for x in st.blocks if x.shape == shape), None) for st in starts]
+                self._place(self.blocks[shape], placed, geometry.BLOCK_HEIGHT, park_slot=k)
+            for k, kind in enumerate(geometry.DISTRACTOR_HEIGHT):
+                placed = [next((x for x in st.distractors if x.kind == kind), None) for st in starts]
+                self._place(self.distractors[kind], placed, geometry.DISTRACTOR_HEIGHT[kind], park_slot=3 + k)
             self._active = torch.tensor([[any(x.shape == s for x in st.blocks) for s in geometry.SHAPES] for st in starts])
             self._target_mask = torch.tensor(
                 [[st.target in ("all", s) and any(x.shape == s for x in st.blocks) for s in geometry.SHAPES] for st in starts]
@@ -286,7 +340,39 @@ class ShapeAssemblyEnv(BaseEnv):
         self.instructions = [
             INSTRUCTION_FULL_BOARD if st.target == "all" else INSTRUCTION.format(shape=st.target) for st in starts
         ]
+        self._apply_appearance(starts[0])
         self._reset_task_state(env_idx)
+
+    def _place(self, actor, placed, height, park_slot):
+        """Put an actor at its start (x, y, yaw on the table) or park it on the floor when unused."""
+        b = len(placed)
+        p = torch.zeros((b, 3))
+        yaw = np.zeros(b)
+        for i, x in enumerate(placed):
+            if x is None:
+                p[i] = torch.tensor([_PARK_XY[0], _PARK_XY[1] + 0.15 * park_slot, _FLOOR_Z + height / 2])
+            else:
+                p[i] = torch.tensor([x.x, x.y, height / 2 + 1e-4])
+                yaw[i] = x.yaw
+        actor.set_pose(Pose.create_from_pq(p, torch.tensor(_quat_yaw(yaw), dtype=torch.float32)))
+        actor.set_linear_velocity(torch.zeros((b, 3)))
+        actor.set_angular_velocity(torch.zeros((b, 3)))
+
+    def _apply_appearance(self, start: StartState) -> None:
+        """Colours, key light and camera pose of a try: they change images only, never physics."""
+        colors = start.colors or {}
+        for shape, actor in self.blocks.items():
+            _set_actor_color(actor, colors.get(shape, DEFAULT_BLOCK_RGB[shape]))
+        _set_actor_color(self.board, colors.get("board", BOARD_COLOR[:3]))
+        if "table" in colors:  # only setups that draw colours draw the table's, for every try
+            for entity in self.table_scene.table._objs:
+                _set_entity_color(entity, colors["table"])
+        if self._lights:
+            key = start.light_color or LIGHTING[self.task_setup.lighting][1][0][1]
+            for light in self._lights[:: len(LIGHTING[self.task_setup.lighting][1])]:
+                light.color = list(key)
+        if THIRD_PERSON_CAMERA in self._sensors:
+            self._sensors[THIRD_PERSON_CAMERA].camera.set_local_pose(third_person_pose(start.camera_offset).sp)
 
     def _reset_task_state(self, env_idx):
         n = self.num_envs
@@ -296,13 +382,26 @@ class ShapeAssemblyEnv(BaseEnv):
             self._flags = {k: z() for k in ("wrong_hole", "penetration", "dropped")}
             self._carried = torch.zeros((n, 3), dtype=torch.bool, device=self.device)
             self._untouched_steps = torch.zeros((n, 3), dtype=torch.int32, device=self.device)
+            self._lost_while_holding = torch.zeros((n, 3), dtype=torch.bool, device=self.device)
             self._last_gripper_cmd = torch.ones(n, device=self.device)
+            self._steps_done = z(torch.int32)
+            self._dist_fired = z()
+            self._dist_step = z(torch.int32)
+            self._forced_open_left = z(torch.int32)
+            self._forced_now = z()
+            self._pending = torch.zeros((self.task_setup.latency_steps, n, 7), device=self.device)
         self._streak[env_idx] = 0
         for f in self._flags.values():
             f[env_idx] = False
         self._carried[env_idx] = False
         self._untouched_steps[env_idx] = 0
+        self._lost_while_holding[env_idx] = False
         self._last_gripper_cmd[env_idx] = 1.0
+        self._steps_done[env_idx] = 0
+        self._dist_fired[env_idx] = False
+        self._dist_step[env_idx] = -1
+        self._forced_open_left[env_idx] = 0
+        self._pending[:, env_idx] = HOLD_ACTION.to(self.device)  # latency: the first steps hold still
         self._conditions = None
 
     # --------------------------------------------------------------- predicates
@@ -317,9 +416,7 @@ class ShapeAssemblyEnv(BaseEnv):
             d = pose.p[:, :2] - board.p[:, :2]
             local_xy.append(torch.stack([c * d[:, 0] - s * d[:, 1], s * d[:, 0] + c * d[:, 1]], -1))
             yaw.append(torch.as_tensor(yaw_from_quat(pose.q.cpu().numpy()), device=self.device, dtype=torch.float32) - byaw)
-            rot = _rotmat(pose.q)
-            z = torch.einsum("bj,vj->bv", rot[:, 2, :], self._prism_vertices[k]) + pose.p[:, 2:3]
-            bottom.append(z.min(dim=1).values - board.p[:, 2])
+            bottom.append(self._block_bottom(k) - board.p[:, 2])
             speed.append(torch.linalg.norm(self.blocks[shape].linear_velocity, dim=-1))
         return torch.stack(local_xy, 1), torch.stack(yaw, 1), torch.stack(bottom, 1), torch.stack(speed, 1)
 
@@ -372,10 +469,13 @@ class ShapeAssemblyEnv(BaseEnv):
         grasped = (forces > GRASP_FORCE_N).all(-1)
         lifted = bottom > 0.01
         self._carried |= grasped & lifted & active
+        # the policy commanded a closed gripper and no disturbance forced it open (F04 releases are not drops)
+        holding = ((self._last_gripper_cmd < 0) & ~self._forced_now).unsqueeze(1)
+        lost_now = touched.logical_not() & (self._untouched_steps == 0)
+        self._lost_while_holding = torch.where(lost_now, holding.expand_as(lost_now), self._lost_while_holding)
         self._untouched_steps = torch.where(touched, torch.zeros_like(self._untouched_steps), self._untouched_steps + 1)
-        cmd_closed = (self._last_gripper_cmd < 0).unsqueeze(1)
         fell = self._carried & (self._untouched_steps >= DROP_CONFIRM_STEPS) & ~deep
-        dropped_now = (fell & cmd_closed & ~(over_own & matched)).any(1)
+        dropped_now = (fell & self._lost_while_holding & ~(over_own & matched)).any(1)
         self._carried &= ~fell
         rim = (target & ~deep & released & settled & over_board & (bottom > top - DEEP_M)).any(1)
         inserted = (active & matched & deep).sum(1)
@@ -390,7 +490,14 @@ class ShapeAssemblyEnv(BaseEnv):
     def _step_action(self, action):
         action = torch.as_tensor(np.asarray(action) if not isinstance(action, torch.Tensor) else action,
                                  dtype=torch.float32, device=self.device).reshape(self.num_envs, -1).clone()
+        if len(self._pending):  # latency: apply the action given k steps ago
+            self._pending = torch.cat([self._pending, action[None]], 0)
+            action, self._pending = self._pending[0].clone(), self._pending[1:]
         self._last_gripper_cmd = action[:, -1].clone()
+        forced = self._forced_open_left > 0  # F04: the gripper is forced open, whatever the policy says
+        self._forced_now = forced
+        action[forced, -1] = 1.0
+        self._forced_open_left = torch.clamp(self._forced_open_left - 1, min=0)
         if self.control_mode == "pd_ee_delta_pose":
             # ManiSkill 3.0.1 scales the rotation part by rot_lower (-0.1), which turns it the wrong way;
             # flip it so that +yaw turns counter-clockwise about world z, as the action convention says
@@ -399,11 +506,66 @@ class ShapeAssemblyEnv(BaseEnv):
 
     def _after_control_step(self):
         super()._after_control_step()
+        self._steps_done += 1
+        self._disturb()
         cond = self._compute_conditions()
         self._streak = next_streak(self._streak, cond["success_now"])
         for k in self._flags:
             self._flags[k] |= cond[k]
         self._conditions = cond
+
+    def _target_index(self) -> list[int | None]:
+        return [geometry.SHAPES.index(st.target) if st.target in geometry.SHAPES else None for st in self.starts]
+
+    def _fire(self, i: int) -> None:
+        self._dist_fired[i] = True
+        self._dist_step[i] = int(self._steps_done[i])
+
+    def _disturb(self) -> None:
+        """Shove (F03), forced drop (F04) and nudge (F05), each fired at most once per try."""
+        setup = self.task_setup
+        if setup.disturbance is None:
+            return
+        for i, k in enumerate(self._target_index()):
+            if k is None or bool(self._dist_fired[i]):
+                continue
+            block = self.blocks[geometry.SHAPES[k]]
+            st = self.starts[i]
+            if setup.shove_step is not None and int(self._steps_done[i]) == setup.shove_step:
+                v = block.linear_velocity.clone()
+                v[i] = torch.tensor([*st.shove_velocity, 0.0], device=self.device)
+                block.set_linear_velocity(v)
+                self._fire(i)
+                continue
+            bottom = float(self._block_bottom(k)[i])
+            if setup.forced_drop_steps and bottom >= FORCED_DROP_TRIGGER_M:
+                self._forced_open_left[i] = setup.forced_drop_steps
+                self._fire(i)
+            elif setup.nudge_m or setup.nudge_deg:
+                hole = self._hole_world_xy(k)[i]
+                near = float(torch.linalg.norm(block.pose.p[i, :2] - hole)) < NUDGE_RADIUS_M
+                carried = bool(self._carried[i, k]) and bottom > geometry.PLATE_TOP_Z + 0.005
+                if near and carried:
+                    pose = self.board.pose
+                    p, yaw = pose.p.clone(), yaw_from_quat(pose.q.cpu().numpy())
+                    dx, dy, dyaw = st.nudge
+                    p[i, 0] += dx
+                    p[i, 1] += dy
+                    yaw[i] += dyaw
+                    self.board.set_pose(Pose.create_from_pq(p, torch.tensor(_quat_yaw(yaw), dtype=torch.float32)))
+                    self._fire(i)
+
+    def _block_bottom(self, k: int) -> torch.Tensor:
+        pose = self.blocks[geometry.SHAPES[k]].pose
+        z = torch.einsum("bj,vj->bv", _rotmat(pose.q)[:, 2, :], self._prism_vertices[k]) + pose.p[:, 2:3]
+        return z.min(dim=1).values
+
+    def _hole_world_xy(self, k: int) -> torch.Tensor:
+        board = self.board.pose
+        yaw = torch.as_tensor(yaw_from_quat(board.q.cpu().numpy()), dtype=torch.float32, device=self.device)
+        c, s = torch.cos(yaw), torch.sin(yaw)
+        cx, cy = self._cell_xy[k]
+        return board.p[:, :2] + torch.stack([c * cx - s * cy, s * cx + c * cy], -1)
 
     def evaluate(self) -> dict[str, Any]:
         n = self.num_envs
@@ -415,6 +577,8 @@ class ShapeAssemblyEnv(BaseEnv):
         out = {k: cond[k] for k in ("matched", "deep", "released", "settled", "rim", "is_grasped", "blocks_inserted")}
         out.update({k: v.clone() for k, v in self._flags.items()})
         out["success_streak"] = self._streak.clone()
+        out["disturbance_fired"] = self._dist_fired.clone()
+        out["disturbance_step"] = self._dist_step.clone()
         out["success"] = self._streak >= SUCCESS_HOLD_STEPS
         return out
 

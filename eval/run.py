@@ -3,8 +3,9 @@
 Example:
     python -m eval.run --model scripted --split dev --setups A01 --tries 20 --out runs/a01
 
-Writes OUT/tries.jsonl (one JSON object per finished try, flushed as it ends)
-and OUT/summary.json. Rerunning the same command continues where it stopped.
+Writes OUT/tries.jsonl (one JSON object per finished try, flushed as it ends),
+then the report (summary.json, per_config.csv, REPORT.md, plots) into OUT.
+Rerunning the same command continues where it stopped; --fresh starts over.
 """
 
 from __future__ import annotations
@@ -15,88 +16,114 @@ import sys
 import time
 
 from env.arms import ARMS, UnknownArmError, get_arm
-from env.setups import UnknownSetupError, get_setup, resolve_setups
+from env.setups import UnknownSetupError, resolve_setups
 from env.starts import SPLITS
 from eval.policies import MODELS, UnknownModelError, get_model
-from eval.policies.base import BadActionError
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m eval.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help=f"one of: {', '.join(MODELS)}")
+def build_parser(prog: str = "python -m eval.run", description: str | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=description or __doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help=f"one of: {', '.join(MODELS)}; or package.module:PolicyClass")
     p.add_argument("--split", default="dev", help=f"one of: {', '.join(SPLITS)} (default dev)")
     p.add_argument("--setups", default="A01", help="ids, group letters (A..G), FB or all, comma-separated")
-    p.add_argument("--tries", type=int, default=1, help="tries per setup (the first N of the split)")
+    p.add_argument("--tries", type=int, default=1, help="tries per setup: the first N of the split's task list")
     p.add_argument("--arm", default="panda", help=f"one of: {', '.join(ARMS)}")
+    p.add_argument("--workers", type=int, default=1, help="worker processes, each with its own scene")
+    p.add_argument("--video", type=int, default=0, metavar="K", help="mp4 of the first K tries of each setup")
+    p.add_argument("--step-timeout", type=float, default=None,
+                   help="seconds one control step may take before the watchdog flags the try sim_hang")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--fresh", action="store_true", help="discard what OUT holds and start over")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _fail(msg: str, code: int = 2) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    args = (parser or build_parser()).parse_args(argv)
     try:
         spec = get_model(args.model)
         setups = resolve_setups(args.setups)
         arm = get_arm(args.arm)
         if args.split not in SPLITS:
             raise ValueError(f"unknown split {args.split!r}; valid: {', '.join(SPLITS)}")
-        if args.tries < 1:
-            raise ValueError(f"--tries must be at least 1, got {args.tries}")
-        from env.task import check_simulated
+        for name in ("tries", "workers"):
+            if getattr(args, name) < 1:
+                raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
+        if args.video < 0:
+            raise ValueError(f"--video must be 0 or more, got {args.video}")
+    except (UnknownModelError, UnknownSetupError, UnknownArmError, ValueError) as e:
+        return _fail(str(e))
+    except Exception as e:  # noqa: BLE001 - missing assets and the like: one line
+        return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
 
+    from env.tasklist import TaskListError, load
+
+    try:
+        tasklist = load(args.split)
         for sid in setups:
-            check_simulated(get_setup(sid))
-    except (UnknownModelError, UnknownSetupError, UnknownArmError, ValueError, NotImplementedError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+            if args.tries > tasklist.tries(sid):
+                raise ValueError(f"the {args.split} task list has {tasklist.tries(sid)} tries of {sid}; "
+                                 f"--tries {args.tries} asks for more")
+    except (TaskListError, ValueError) as e:
+        return _fail(str(e))
 
     from tqdm import tqdm
 
-    from env import make_env
-    from eval.runner import RunConfig, RunMismatchError, TryLog, planned_tries, prepare_out, read_records, run_try, summarise
+    from eval.runner import RunConfig, RunMismatchError, TryLog, hang_record, planned_tries, prepare_out
+    from eval.workers import STEP_TIMEOUT_S, Job, WorkerError, WorkerPool
 
-    cfg = RunConfig(model=spec.name, split=args.split, setups=tuple(setups), tries=args.tries, out=args.out, arm=arm.name)
+    cfg = RunConfig(model=spec.name, split=args.split, setups=tuple(setups), tries=args.tries, out=args.out,
+                    arm=arm.name, tasklist_sha256=tasklist.sha256)
     try:
         out, done = prepare_out(cfg, fresh=args.fresh)
     except RunMismatchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    todo = [t for t in planned_tries(cfg) if t not in done]
-    log = TryLog(out / "tries.jsonl")
+        return _fail(str(e))
+    plan = planned_tries(cfg)
+    todo = [Job(s, t, video=t < args.video) for s, t in plan if (s, t) not in done]
+    if args.video:
+        (out / "videos").mkdir(exist_ok=True)
     t0 = time.monotonic()
-    obs_mode = "state" if spec.observes == "state" else "rgb"
-    envs: dict[str, object] = {}
-    successes = 0
-    bar = tqdm(total=len(planned_tries(cfg)), initial=len(planned_tries(cfg)) - len(todo), unit="try", desc=spec.name)
-    try:
-        for setup_id, try_index in todo:
-            if setup_id not in envs:
-                for e in envs.values():
-                    e.close()
-                envs = {setup_id: make_env(setup_id, arm=arm.name, obs_mode=obs_mode)}
-            env = envs[setup_id]
-            policy = spec.factory(clearance=env.unwrapped.task_setup.clearance_m)
-            record = run_try(env, policy, setup_id, args.split, try_index)
-            record.update(model=spec.name, track=spec.track, arm=arm.name, backend=policy.backend)
-            log.append(record)
-            successes += record["success"]
-            bar.update(1)
-            bar.set_postfix(success=f"{successes}/{bar.n - (len(planned_tries(cfg)) - len(todo))}", setup=setup_id)
-    except BadActionError as e:
-        print(f"error: {setup_id} try {try_index}: {e}", file=sys.stderr)
-        return 1
-    finally:
-        bar.close()
-        log.close()
-        for e in envs.values():
-            e.close()
-    records = read_records(out / "tries.jsonl")
-    summary = summarise(records, cfg, wall_s=round(time.monotonic() - t0, 2))
+    if todo:
+        log = TryLog(out / "tries.jsonl")
+        pool = WorkerPool(min(args.workers, len(todo)), spec.name, args.split, arm.name, str(out / "videos"),
+                          step_timeout_s=args.step_timeout or STEP_TIMEOUT_S)
+        successes = n_new = 0
+        bar = tqdm(total=len(plan), initial=len(plan) - len(todo), unit="try", desc=spec.name, smoothing=0.05)
+        failure = None
+        try:
+            for job, record in pool.run(todo, lambda job: hang_record(cfg, tasklist, job.setup, job.try_index)):
+                record.update(model=spec.name, track=spec.track, arm=arm.name)
+                log.append(record)
+                successes += bool(record["success"])
+                n_new += 1
+                bar.update(1)
+                bar.set_postfix_str(f"success {successes}/{n_new} last {job.setup}")
+        except WorkerError as e:
+            failure = (str(e), 1)
+        except KeyboardInterrupt:
+            failure = ("interrupted; finished tries are saved, rerun the same command to continue", 130)
+        finally:
+            bar.close()
+            log.close()
+            pool.close()
+        if failure is not None:
+            return _fail(*failure)
+    from eval.report import write_report
+
+    summary = write_report([out / "tries.jsonl"], out)
+    summary["run"] = {"planned": len(plan), "wall_s_this_session": round(time.monotonic() - t0, 1),
+                      "workers": args.workers}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    rate = summary["success_rate"]
-    print(f"{spec.name} on {args.split} {','.join(setups)}: {summary['successes']}/{summary['tries']} successes"
-          f" ({100 * rate:.1f}%), flags {summary['flags']}; wrote {out / 'tries.jsonl'} and {out / 'summary.json'}")
+    scored = [s for s in setups if not s.startswith("FB")]
+    n = sum(v["n"] for v in summary["setups"].values()) + sum(v["n"] for v in summary.get("full_board", {}).values())
+    k = sum(v["k"] for v in summary["setups"].values()) + sum(v["k"] for v in summary.get("full_board", {}).values())
+    s_txt = f"S {100 * summary['S']:.1f}%" if summary.get("S") is not None else "S n/a (not all 30 setups)"
+    print(f"{spec.name} on {args.split} ({len(scored)} scored setups): {k}/{n} successes, {s_txt}; "
+          f"report in {out / 'REPORT.md'}")
     return 0
 
 

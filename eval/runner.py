@@ -8,17 +8,17 @@ settings; a second run with different settings into the same folder is refused.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
-from env import geometry
 from env.setups import get_setup
 from env.starts import derive_seed, sample_start
 
@@ -35,6 +35,7 @@ class RunConfig:
     out: str
     arm: str = "panda"
     first_try: int = 0
+    tasklist_sha256: str | None = None
 
     def identity(self) -> dict:
         """Settings that must match for two runs to share an output folder."""
@@ -48,6 +49,7 @@ class RunMismatchError(RuntimeError):
     pass
 
 
+@functools.lru_cache(maxsize=1)
 def machine_info() -> dict[str, str]:
     cpu = platform.processor() or platform.machine()
     try:
@@ -141,11 +143,18 @@ def observation_for(policy, env, obs) -> dict[str, Any]:
     }
 
 
-def run_try(env, policy, setup_id: str, split: str, try_index: int) -> dict[str, Any]:
-    """One try from its seeded start to success or the step limit."""
-    setup = get_setup(setup_id)
-    seed = derive_seed(split, setup_id, try_index)
-    start = sample_start(setup, np.random.default_rng(seed))
+def run_try(env, policy, setup_id: str, split: str, try_index: int, tasklist=None,
+            on_step=None, video_path: str | None = None) -> dict[str, Any]:
+    """One try from its start to success or the step limit.
+
+    The start comes from the locked ``tasklist`` when given (as every benchmark run does), else it is
+    drawn from the try's seed (tests, quick experiments).
+    """
+    if tasklist is not None:
+        seed, start = tasklist.seed(setup_id, try_index), tasklist.start(setup_id, try_index)
+    else:
+        seed = derive_seed(split, setup_id, try_index)
+        start = sample_start(get_setup(setup_id), np.random.default_rng(seed))
     obs, info = env.reset(seed=seed, options={"start": start})
     u = env.unwrapped
     policy.reset(u.instructions[0], seed=seed)
@@ -154,10 +163,21 @@ def run_try(env, policy, setup_id: str, split: str, try_index: int) -> dict[str,
     steps, success, rim = 0, False, False
     flags: set[str] = set()
     blocks_inserted = 0
+    video = None
+    if video_path is not None:
+        from eval.video import TryVideo
+
+        video = TryVideo(video_path)
     while True:
         action = policy.query(observation_for(policy, env, obs))
         obs, _, terminated, truncated, info = env.step(action)
         steps += 1
+        if on_step is not None:
+            on_step()
+        if video is not None:
+            sensors = obs["sensor_data"]
+            video.add(sensors["third_person"]["rgb"][0].cpu().numpy(),
+                      sensors[u.arm.wrist_camera_uid]["rgb"][0].cpu().numpy(), steps, info)
         for name in ("wrong_hole", "penetration", "dropped"):
             if bool(info[name][0]):
                 flags.add(name)
@@ -166,8 +186,12 @@ def run_try(env, policy, setup_id: str, split: str, try_index: int) -> dict[str,
         success = bool(info["success"][0])
         if success or bool(terminated[0]) or bool(truncated[0]):
             break
+    if video is not None:
+        video.write()
     if rim and not success:
         flags.add("rim")
+    setup = env.unwrapped.task_setup
+    fired = bool(info["disturbance_fired"][0])
     lat = policy.latencies_ms
     return {
         "v": RECORD_VERSION,
@@ -182,6 +206,12 @@ def run_try(env, policy, setup_id: str, split: str, try_index: int) -> dict[str,
         "steps": steps,
         "time_s": round(steps * CONTROL_DT_S, 3),
         "blocks_inserted": blocks_inserted,
+        "disturbance": setup.disturbance,
+        "disturbance_fired": fired,
+        "disturbance_step": int(info["disturbance_step"][0]) if fired else None,
+        "tasklist_sha256": tasklist.sha256 if tasklist is not None else None,
+        "backend": policy.backend,
+        "machine": machine_info(),
         "wall_s": round(time.monotonic() - t0, 3),
         "infer_ms_mean": round(float(np.mean(lat)), 4) if lat else None,
         "infer_queries": len(lat),
@@ -189,30 +219,11 @@ def run_try(env, policy, setup_id: str, split: str, try_index: int) -> dict[str,
     }
 
 
-def summarise(records: Iterable[dict], cfg: RunConfig, wall_s: float | None = None) -> dict:
-    from eval.stats import wilson
-
-    records = list(records)
-    per_setup = {}
-    for sid in cfg.setups:
-        rs = [r for r in records if r["setup"] == sid]
-        k = sum(bool(r["success"]) for r in rs)
-        ci = wilson(k, len(rs)) if rs else None
-        per_setup[sid] = {
-            "k": k, "n": len(rs), "rate": k / len(rs) if rs else None,
-            "wilson95": [ci.low, ci.high] if rs else None,
-            "flags": {f: sum(f in r["flags"] for r in rs) for f in ("wrong_hole", "rim", "penetration", "dropped")},
-        }
-    k = sum(bool(r["success"]) for r in records)
-    succ = [r["time_s"] for r in records if r["success"]]
+def hang_record(cfg: RunConfig, tasklist, setup_id: str, try_index: int) -> dict[str, Any]:
+    """Record of a try the watchdog stopped: failed, flagged ``sim_hang``."""
     return {
-        "model": cfg.model, "split": cfg.split, "arm": cfg.arm,
-        "tries": len(records), "planned": len(planned_tries(cfg)),
-        "successes": k, "success_rate": k / len(records) if records else None,
-        "mean_completion_s": float(np.mean(succ)) if succ else None,
-        "flags": {f: sum(f in r["flags"] for r in records) for f in ("wrong_hole", "rim", "penetration", "dropped")},
-        "setups": per_setup,
-        "machine": machine_info(),
-        "wall_s": wall_s,
-        "geometry": {"plate_top_z_m": geometry.PLATE_TOP_Z, "block_height_m": geometry.BLOCK_HEIGHT},
+        "v": RECORD_VERSION, "setup": setup_id, "try": try_index, "seed": tasklist.seed(setup_id, try_index),
+        "split": cfg.split, "success": False, "flags": ["sim_hang"], "dropped": False, "steps": None,
+        "time_s": None, "disturbance": get_setup(setup_id).disturbance, "disturbance_fired": False,
+        "tasklist_sha256": tasklist.sha256, "machine": machine_info(), "infer_queries": 0, "infer_ms_mean": None,
     }

@@ -318,3 +318,12 @@ def test_write_convex_obj(tmp_path):
     assert mesh.is_watertight and mesh.is_convex
     assert mesh.volume == pytest.approx(ConvexHull(verts).volume, rel=1e-6)
     assert not list(tmp_path.glob("**/*.tmp"))
+
+
+@pytest.mark.parametrize("kind", ["cube", "hexagon", "bar"])
+def test_distractors_fit_no_hole(kind):
+    outline = g.distractor_outline(kind)
+    for hole in g.SHAPES:
+        hole_xy = g.hole_outline(hole, 0.003)
+        for yaw in np.deg2rad(np.arange(0.0, 180.0, 1.0)):
+            assert g.fit_margin(outline, hole_xy, yaw) < 0, (kind, hole, yaw)

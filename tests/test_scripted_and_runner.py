@@ -45,7 +45,7 @@ def test_runner_writes_resumes_and_refuses_mixing(tmp_path):
     for key in ("setup", "try", "seed", "success", "flags", "steps", "time_s"):
         assert key in rec
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["tries"] == 2 and summary["setups"]["A01"]["n"] == 2
+    assert summary["n_tries"] == 2 and summary["setups"]["A01"]["n"] == 2 and not summary["complete"]
     # a torn last line from a killed run is dropped, and the run continues without repeating tries
     with open(out / "tries.jsonl", "a") as f:
         f.write('{"setup": "A01", "tr')
@@ -53,7 +53,8 @@ def test_runner_writes_resumes_and_refuses_mixing(tmp_path):
     recs = [json.loads(line) for line in (out / "tries.jsonl").read_text().splitlines()]
     assert sorted(r["try"] for r in recs) == [0, 1, 2]
     proc = _run("--model", "hold", "--split", "dev", "--setups", "A01", "--tries", "1", "--out", str(out), check=False)
-    assert proc.returncode == 2 and "other settings" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "other settings" in errors[0]
 
 
 @pytest.mark.parametrize("args,needle", [

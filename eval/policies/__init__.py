@@ -18,10 +18,10 @@ class ModelSpec:
     description: str
 
 
-def _scripted(clearance: float, **_):
+def _scripted(setup, **_):
     from eval.policies.scripted import ScriptedPolicy
 
-    return ScriptedPolicy(clearance=clearance)
+    return ScriptedPolicy(clearance=setup.clearance_m, latency_steps=setup.latency_steps)
 
 
 def _random(**_):
@@ -50,7 +50,18 @@ class UnknownModelError(ValueError):
 
 
 def get_model(name: str) -> ModelSpec:
-    try:
+    """A model of the table, or ``package.module:Class`` naming any Policy subclass (built with no arguments)."""
+    if name in MODELS:
         return MODELS[name]
-    except KeyError:
-        raise UnknownModelError(f"unknown model {name!r}; valid: {', '.join(MODELS)}") from None
+    if ":" in name:
+        import importlib
+
+        module, _, cls_name = name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), cls_name)
+        except (ImportError, AttributeError) as e:
+            raise UnknownModelError(f"cannot load policy {name!r}: {e}") from None
+        if not (isinstance(cls, type) and issubclass(cls, Policy)):
+            raise UnknownModelError(f"{name!r} is not a subclass of eval.policies.Policy")
+        return ModelSpec(name, cls.track, cls.observes, lambda **_: cls(), cls.__doc__ or name)
+    raise UnknownModelError(f"unknown model {name!r}; valid: {', '.join(MODELS)}, or package.module:PolicyClass")

@@ -1,0 +1,156 @@
+"""Worker processes for ``eval.run``: each owns its scenes and its policy; a watchdog guards every step.
+
+The parent hands out tries one at a time and appends each finished record
+itself, so records are written in one place and a killed run loses at most the
+tries in flight. Every control step of a worker stamps a shared heartbeat; a
+worker whose heartbeat is older than ``step_timeout_s`` is killed, its try is
+recorded as failed with the flag ``sim_hang``, and a fresh worker takes over.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+STEP_TIMEOUT_S = 120.0  # one control step (policy query + physics) taking longer than this is a hang
+_POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class Job:
+    setup: str
+    try_index: int
+    video: bool = False
+
+
+class WorkerError(RuntimeError):
+    """A worker stopped the run: bad action, bad model, or an unexpected exception (one line)."""
+
+
+def _worker_main(worker_id, model, split, arm, video_dir, jobs, results, heartbeat):
+    """Loop of one worker process: run jobs until a None job arrives."""
+    from env import make_env
+    from env.setups import get_setup
+    from env.tasklist import load
+    from eval.policies import get_model
+    from eval.policies.base import BadActionError
+    from eval.runner import run_try
+
+    try:
+        tasklist = load(split)
+        envs: dict[tuple[str, str], object] = {}
+        policy_cache: dict[str, object] = {}
+
+        def beat():
+            heartbeat.value = time.monotonic()
+
+        while True:
+            job = jobs.get()
+            if job is None:
+                break
+            beat()
+            spec = get_model(model)
+            obs_mode = "rgb" if (job.video or spec.observes == "cameras") else "state"
+            key = (job.setup, obs_mode)
+            if key not in envs:
+                for k in [k for k in envs if k[0] != job.setup]:
+                    envs.pop(k).close()
+                envs[key] = make_env(job.setup, arm=arm, obs_mode=obs_mode)
+            if job.setup not in policy_cache:
+                policy_cache.clear()
+                policy_cache[job.setup] = spec.factory(setup=get_setup(job.setup))
+            policy = policy_cache[job.setup]
+            video_path = os.path.join(video_dir, f"{job.setup}_try{job.try_index:03d}.mp4") if job.video else None
+            try:
+                record = run_try(envs[key], policy, job.setup, split, job.try_index, tasklist=tasklist,
+                                 on_step=beat, video_path=video_path)
+            except BadActionError as e:
+                results.put(("error", worker_id, job, f"{job.setup} try {job.try_index}: {e}"))
+                return
+            results.put(("record", worker_id, job, record))
+        for env in envs.values():
+            env.close()
+    except Exception as e:  # noqa: BLE001 - reported to the parent as one line, with the trace for debugging
+        results.put(("error", worker_id, None, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+class WorkerPool:
+    def __init__(self, n: int, model: str, split: str, arm: str, video_dir: str | None,
+                 step_timeout_s: float = STEP_TIMEOUT_S):
+        self.ctx = mp.get_context("spawn")  # no forked simulator state
+        self.args = (model, split, arm, video_dir)
+        self.step_timeout_s = step_timeout_s
+        self.results = self.ctx.Queue()
+        self.workers: dict[int, dict] = {}
+        self._next_id = 0
+        for _ in range(n):
+            self._start_worker()
+
+    def _start_worker(self) -> int:
+        wid = self._next_id
+        self._next_id += 1
+        jobs = self.ctx.Queue()
+        heartbeat = self.ctx.Value("d", time.monotonic())
+        proc = self.ctx.Process(target=_worker_main, args=(wid, *self.args, jobs, self.results, heartbeat), daemon=True)
+        proc.start()
+        self.workers[wid] = {"proc": proc, "jobs": jobs, "heartbeat": heartbeat, "job": None}
+        return wid
+
+    def run(self, jobs: list[Job], hang_record: Callable[[Job], dict]) -> Iterator[tuple[Job, dict]]:
+        """Yield (job, record) as tries finish, in completion order."""
+        pending = list(jobs)
+        for wid in list(self.workers):
+            self._feed(wid, pending)
+        while any(w["job"] is not None for w in self.workers.values()):
+            try:
+                kind, wid, job, payload = self.results.get(timeout=_POLL_S)
+            except queue.Empty:
+                yield from self._check_hangs(pending, hang_record)
+                continue
+            if kind == "error":
+                self.close()
+                raise WorkerError(payload.splitlines()[0] if payload else "worker failed")
+            self.workers[wid]["job"] = None
+            yield job, payload
+            self._feed(wid, pending)
+
+    def _feed(self, wid: int, pending: list[Job]) -> None:
+        w = self.workers[wid]
+        if pending:
+            w["job"] = pending.pop(0)
+            w["heartbeat"].value = time.monotonic()
+            w["jobs"].put(w["job"])
+
+    def _check_hangs(self, pending: list[Job], hang_record) -> Iterator[tuple[Job, dict]]:
+        now = time.monotonic()
+        for wid, w in list(self.workers.items()):
+            if w["job"] is None:
+                continue
+            if not w["proc"].is_alive():
+                self.close()
+                raise WorkerError(f"worker {wid} died (exit code {w['proc'].exitcode}) during "
+                                  f"{w['job'].setup} try {w['job'].try_index}")
+            if now - w["heartbeat"].value > self.step_timeout_s:
+                job = w["job"]
+                w["proc"].kill()
+                w["proc"].join()
+                del self.workers[wid]
+                yield job, hang_record(job)
+                new = self._start_worker()
+                self._feed(new, pending)
+
+    def close(self) -> None:
+        for w in self.workers.values():
+            if w["proc"].is_alive():
+                w["jobs"].put(None)
+        deadline = time.monotonic() + 5
+        for w in self.workers.values():
+            w["proc"].join(timeout=max(0.0, deadline - time.monotonic()))
+            if w["proc"].is_alive():
+                w["proc"].kill()
+        self.workers.clear()

@@ -1,0 +1,42 @@
+"""Policies that misbehave on purpose, loaded by tests as ``--model tests.fault_policies:Name``."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from eval.policies.base import Policy
+
+
+class NaNPolicy(Policy):
+    """Returns a NaN action at its third query."""
+
+    name = "nan-test"
+    track = "sanity"
+
+    def reset(self, instruction, seed=None):
+        self.n = 0
+
+    def act(self, observation):
+        self.n += 1
+        a = np.zeros(7, dtype=np.float32)
+        if self.n >= 3:
+            a[0] = np.nan
+        return a
+
+
+class HangPolicy(Policy):
+    """Never returns from its third query, as a hung simulator step would never return."""
+
+    name = "hang-test"
+    track = "sanity"
+
+    def reset(self, instruction, seed=None):
+        self.n = 0
+
+    def act(self, observation):
+        self.n += 1
+        if self.n >= 3:
+            time.sleep(3600)
+        return np.zeros(7, dtype=np.float32)
