@@ -161,6 +161,12 @@ def _set_actor_color(actor, rgb) -> None:
         _set_entity_color(entity, rgb)
 
 
+def _yaw_t(q: torch.Tensor) -> torch.Tensor:
+    """Yaw (rad) of wxyz quaternions about world z, as a tensor."""
+    w, x, y, z = q.unbind(-1)
+    return torch.atan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+
+
 def _rotmat(q: torch.Tensor) -> torch.Tensor:
     w, x, y, z = q.unbind(-1)
     return torch.stack([
@@ -260,8 +266,13 @@ class ShapeAssemblyEnv(BaseEnv):
         self._hole_halfplanes = [(n.to(self.device), d.to(self.device)) for n, d in zip(normals, offsets)]
         self._outlines = [torch.tensor(geometry.block_outline(s), dtype=torch.float32, device=self.device) for s in geometry.SHAPES]
         prism = [geometry.block_collision_parts(s)[0] for s in geometry.SHAPES]
-        self._prism_vertices = [torch.tensor(v, dtype=torch.float32, device=self.device) for v in prism]
+        n_max = max(len(v) for v in prism)  # pad with repeated vertices so that all shapes stack
+        self._prism_vertices = torch.tensor(
+            np.stack([np.concatenate([v, np.repeat(v[:1], n_max - len(v), 0)]) for v in prism]),
+            dtype=torch.float32, device=self.device)
         self._fingers = [self.agent.robot.links_map[name] for name in self.arm.finger_links]
+        self._finger_entity = {c.entity.global_id: f for f, link in enumerate(self._fingers) for c in link._objs}
+        self._block_entity = {e.global_id: k for k, s in enumerate(geometry.SHAPES) for e in self.blocks[s]._objs}
 
     def _build_board(self):
         builder = self.scene.create_actor_builder()
@@ -405,28 +416,49 @@ class ShapeAssemblyEnv(BaseEnv):
         self._conditions = None
 
     # --------------------------------------------------------------- predicates
+    def _block_raw_poses(self) -> torch.Tensor:
+        """(b, 3 shapes, 7) block poses (p, wxyz), read once per step."""
+        return torch.stack([self.blocks[s].pose.raw_pose for s in geometry.SHAPES], 1)
+
     def _block_state(self):
         """Per block (b, 3 shapes, ...): board-frame xy, yaw, bottom z, speed."""
-        board = self.board.pose
-        byaw = torch.as_tensor(yaw_from_quat(board.q.cpu().numpy()), device=self.device, dtype=torch.float32)
-        c, s = torch.cos(-byaw), torch.sin(-byaw)
-        local_xy, yaw, bottom, speed = [], [], [], []
-        for k, shape in enumerate(geometry.SHAPES):
-            pose = self.blocks[shape].pose
-            d = pose.p[:, :2] - board.p[:, :2]
-            local_xy.append(torch.stack([c * d[:, 0] - s * d[:, 1], s * d[:, 0] + c * d[:, 1]], -1))
-            yaw.append(torch.as_tensor(yaw_from_quat(pose.q.cpu().numpy()), device=self.device, dtype=torch.float32) - byaw)
-            bottom.append(self._block_bottom(k) - board.p[:, 2])
-            speed.append(torch.linalg.norm(self.blocks[shape].linear_velocity, dim=-1))
-        return torch.stack(local_xy, 1), torch.stack(yaw, 1), torch.stack(bottom, 1), torch.stack(speed, 1)
+        board = self.board.pose.raw_pose
+        poses = self._block_raw_poses()
+        byaw = _yaw_t(board[:, 3:7])
+        c, s = torch.cos(-byaw)[:, None], torch.sin(-byaw)[:, None]
+        d = poses[..., :2] - board[:, None, :2]
+        local_xy = torch.stack([c * d[..., 0] - s * d[..., 1], s * d[..., 0] + c * d[..., 1]], -1)
+        yaw = _yaw_t(poses[..., 3:7]) - byaw[:, None]
+        bottom = self._bottoms(poses) - board[:, None, 2]
+        speed = torch.stack([torch.linalg.norm(self.blocks[s].linear_velocity, dim=-1) for s in geometry.SHAPES], 1)
+        return local_xy, yaw, bottom, speed
+
+    def _bottoms(self, poses: torch.Tensor) -> torch.Tensor:
+        """(b, 3) lowest world z of each block's prism."""
+        rot_z = _rotmat(poses[..., 3:7])[..., 2, :]  # (b, 3, 3): the world-z row
+        z = torch.einsum("bkj,kvj->bkv", rot_z, self._prism_vertices) + poses[..., 2:3]
+        return z.min(dim=-1).values
 
     def _finger_forces(self):
         """(b, 3 shapes, 2 fingers) contact force norms between fingers and blocks."""
-        out = torch.zeros((self.num_envs, 3, 2), device=self.device)
-        for k, shape in enumerate(geometry.SHAPES):
-            for f, link in enumerate(self._fingers):
-                out[:, k, f] = torch.linalg.norm(self.scene.get_pairwise_contact_forces(link, self.blocks[shape]), dim=-1)
-        return out
+        if self.gpu_sim_enabled:
+            out = torch.zeros((self.num_envs, 3, 2), device=self.device)
+            for k, shape in enumerate(geometry.SHAPES):
+                for f, link in enumerate(self._fingers):
+                    out[:, k, f] = torch.linalg.norm(
+                        self.scene.get_pairwise_contact_forces(link, self.blocks[shape]), dim=-1)
+            return out
+        # CPU: one pass over this step's contacts instead of one pass per (finger, block) pair
+        impulse = np.zeros((3, 2, 3))
+        for contact in self.scene.px.get_contacts():
+            a, b = contact.bodies[0].entity, contact.bodies[1].entity
+            for e1, e2, sign in ((a, b, 1.0), (b, a, -1.0)):
+                f = self._finger_entity.get(e1.global_id)
+                k = self._block_entity.get(e2.global_id)
+                if f is not None and k is not None:
+                    impulse[k, f] += sign * np.sum([p.impulse for p in contact.points], axis=0)
+        force = np.linalg.norm(impulse, axis=-1) / self.scene.px.timestep
+        return torch.as_tensor(force, dtype=torch.float32, device=self.device)[None]
 
     def _in_polygon(self, xy: torch.Tensor, hole: int, tol: float = 0.0) -> torch.Tensor:
         n, d = self._hole_halfplanes[hole]
@@ -556,9 +588,7 @@ class ShapeAssemblyEnv(BaseEnv):
                     self._fire(i)
 
     def _block_bottom(self, k: int) -> torch.Tensor:
-        pose = self.blocks[geometry.SHAPES[k]].pose
-        z = torch.einsum("bj,vj->bv", _rotmat(pose.q)[:, 2, :], self._prism_vertices[k]) + pose.p[:, 2:3]
-        return z.min(dim=1).values
+        return self._bottoms(self._block_raw_poses())[:, k]
 
     def _hole_world_xy(self, k: int) -> torch.Tensor:
         board = self.board.pose

@@ -32,9 +32,24 @@ def build_parser(prog: str = "python -m eval.run", description: str | None = Non
     p.add_argument("--video", type=int, default=0, metavar="K", help="mp4 of the first K tries of each setup")
     p.add_argument("--step-timeout", type=float, default=None,
                    help="seconds one control step may take before the watchdog flags the try sim_hang")
+    m = p.add_argument_group("model options (only for models that take them)")
+    m.add_argument("--checkpoint", help="checkpoint directory in the model's released layout")
+    m.add_argument("--random-weights", action="store_true", help="the exact architecture with seeded random "
+                   "weights: latency only, success meaningless")
+    m.add_argument("--exec-horizon", type=int, help="actions executed per query from a predicted chunk")
+    m.add_argument("--temporal-ensembling", action="store_true", help="average overlapping action chunks")
+    m.add_argument("--backend", help="runtime backend of the model (jax, ort, trt)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--fresh", action="store_true", help="discard what OUT holds and start over")
     return p
+
+
+MODEL_OPTIONS = ("checkpoint", "random_weights", "exec_horizon", "temporal_ensembling", "backend")
+
+
+def model_options(args: argparse.Namespace) -> dict:
+    """The model options given on the command line (unset ones left out)."""
+    return {k: getattr(args, k) for k in MODEL_OPTIONS if getattr(args, k) not in (None, False)}
 
 
 def _fail(msg: str, code: int = 2) -> int:
@@ -55,6 +70,10 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
                 raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
         if args.video < 0:
             raise ValueError(f"--video must be 0 or more, got {args.video}")
+        options = model_options(args)
+        extra = sorted(set(options) - set(spec.options))
+        if extra:
+            raise ValueError(f"{spec.name} takes no {', '.join('--' + o.replace('_', '-') for o in extra)}")
     except (UnknownModelError, UnknownSetupError, UnknownArmError, ValueError) as e:
         return _fail(str(e))
     except Exception as e:  # noqa: BLE001 - missing assets and the like: one line
@@ -77,7 +96,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     from eval.workers import STEP_TIMEOUT_S, Job, WorkerError, WorkerPool
 
     cfg = RunConfig(model=spec.name, split=args.split, setups=tuple(setups), tries=args.tries, out=args.out,
-                    arm=arm.name, tasklist_sha256=tasklist.sha256)
+                    arm=arm.name, tasklist_sha256=tasklist.sha256, options=tuple(sorted(options.items())))
     try:
         out, done = prepare_out(cfg, fresh=args.fresh)
     except RunMismatchError as e:
@@ -90,7 +109,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     if todo:
         log = TryLog(out / "tries.jsonl")
         pool = WorkerPool(min(args.workers, len(todo)), spec.name, args.split, arm.name, str(out / "videos"),
-                          step_timeout_s=args.step_timeout or STEP_TIMEOUT_S)
+                          options, step_timeout_s=args.step_timeout or STEP_TIMEOUT_S)
         successes = n_new = 0
         bar = tqdm(total=len(plan), initial=len(plan) - len(todo), unit="try", desc=spec.name, smoothing=0.05)
         failure = None

@@ -36,12 +36,17 @@ class RunConfig:
     arm: str = "panda"
     first_try: int = 0
     tasklist_sha256: str | None = None
+    options: tuple = ()  # model options, as sorted (name, value) pairs
+
+    def __post_init__(self):
+        object.__setattr__(self, "options", tuple(tuple(o) for o in self.options))
 
     def identity(self) -> dict:
         """Settings that must match for two runs to share an output folder."""
         d = asdict(self)
         for k in ("out", "tries", "setups", "first_try"):
             d.pop(k)
+        d["options"] = {k: v for k, v in self.options}
         return d
 
 

@@ -32,7 +32,7 @@ class WorkerError(RuntimeError):
     """A worker stopped the run: bad action, bad model, or an unexpected exception (one line)."""
 
 
-def _worker_main(worker_id, model, split, arm, video_dir, jobs, results, heartbeat):
+def _worker_main(worker_id, model, split, arm, video_dir, options, jobs, results, heartbeat):
     """Loop of one worker process: run jobs until a None job arrives."""
     from env import make_env
     from env.setups import get_setup
@@ -63,7 +63,7 @@ def _worker_main(worker_id, model, split, arm, video_dir, jobs, results, heartbe
                 envs[key] = make_env(job.setup, arm=arm, obs_mode=obs_mode)
             if job.setup not in policy_cache:
                 policy_cache.clear()
-                policy_cache[job.setup] = spec.factory(setup=get_setup(job.setup))
+                policy_cache[job.setup] = spec.factory(setup=get_setup(job.setup), **options)
             policy = policy_cache[job.setup]
             video_path = os.path.join(video_dir, f"{job.setup}_try{job.try_index:03d}.mp4") if job.video else None
             try:
@@ -80,10 +80,10 @@ def _worker_main(worker_id, model, split, arm, video_dir, jobs, results, heartbe
 
 
 class WorkerPool:
-    def __init__(self, n: int, model: str, split: str, arm: str, video_dir: str | None,
+    def __init__(self, n: int, model: str, split: str, arm: str, video_dir: str | None, options: dict | None = None,
                  step_timeout_s: float = STEP_TIMEOUT_S):
         self.ctx = mp.get_context("spawn")  # no forked simulator state
-        self.args = (model, split, arm, video_dir)
+        self.args = (model, split, arm, video_dir, dict(options or {}))
         self.step_timeout_s = step_timeout_s
         self.results = self.ctx.Queue()
         self.workers: dict[int, dict] = {}

@@ -8,7 +8,7 @@ import torch
 
 from env import geometry, make_env
 from env.starts import BlockStart, StartState
-from env.task import next_streak, success_conditions
+from env.task import DEEP_M, next_streak, success_conditions
 from mani_skill.utils.structs.pose import Pose
 
 BOARD_XY = (0.03, 0.0)
@@ -63,7 +63,10 @@ def test_block_never_goes_through_a_wrong_hole(state_env):
                 continue
             for yaw_deg in (0.0, 17.0, 45.0, 90.0):
                 lowest, info = _drop_test(state_env, block, hole, np.deg2rad(yaw_deg))
-                assert lowest > geometry.PLATE_TOP_Z - 0.010, (block, hole, yaw_deg, lowest)
+                # it may tip partly into the opening (a triangle standing on three 7 mm overhangs over
+                # the circle hole does), but it never gets deep: 25 mm below the plate's top
+                assert lowest > geometry.PLATE_TOP_Z - DEEP_M, (block, hole, yaw_deg, lowest)
+                assert not bool(info["deep"][0]) or not bool(info["matched"][0])
                 assert not bool(info["penetration"][0]) and not bool(info["wrong_hole"][0])
 
 

@@ -14,8 +14,9 @@ class ModelSpec:
     name: str
     track: str
     observes: str  # "state" | "cameras"
-    factory: Callable[..., Policy]
+    factory: Callable[..., Policy]  # factory(setup=Setup, **options) -> Policy
     description: str
+    options: tuple[str, ...] = ()  # model options the factory takes (checkpoint, random_weights, ...)
 
 
 def _scripted(setup, **_):
