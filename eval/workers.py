@@ -34,6 +34,9 @@ class WorkerError(RuntimeError):
 
 def _worker_main(worker_id, model, split, arm, video_dir, options, jobs, results, heartbeat):
     """Loop of one worker process: run jobs until a None job arrives."""
+    import torch
+
+    torch.set_num_threads(1)  # one core per worker: W workers on W cores, no oversubscription
     from env import make_env
     from env.setups import get_setup
     from env.tasklist import load

@@ -37,11 +37,19 @@ def _hold(**_):
     return HoldPolicy()
 
 
+def _bc_state(checkpoint=None, backend=None, **_):
+    from eval.policies.bc_state import BCStatePolicy
+
+    return BCStatePolicy(weights=checkpoint, backend=backend or "ort")
+
+
 MODELS: Mapping[str, ModelSpec] = MappingProxyType({
     m.name: m for m in (
         ModelSpec("scripted", "reference", "state", _scripted, "scripted controller reading exact poses"),
         ModelSpec("random", "sanity", "state", _random, "uniform random actions"),
         ModelSpec("hold", "sanity", "state", _hold, "holds still, gripper open"),
+        ModelSpec("bc-state", "adapted", "state", _bc_state, "MLP on exact state trained on scripted demos",
+                  options=("checkpoint", "backend")),
     )
 })
 

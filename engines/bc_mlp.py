@@ -1,0 +1,127 @@
+"""bc-state: an MLP from the 29-number state (eval.state_features) to the 7-D normalised action.
+
+Weights and the observation normalisation live in one safetensors file; its
+metadata holds the format tag and the architecture, so a file that does not
+match the code fails with one line naming what differs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = "shape-assembly-bench/bc-state/1"
+DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "bc_state.safetensors"
+
+
+@dataclass(frozen=True)
+class BCConfig:
+    state_dim: int = 29
+    action_dim: int = 7
+    hidden: tuple[int, ...] = (256, 256, 256)
+
+
+class BadCheckpointError(ValueError):
+    """Weights or normalisation that do not match the model (one line)."""
+
+
+def build(config: BCConfig):
+    import torch
+    from torch import nn
+
+    class BCStateMLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            dims = (config.state_dim, *config.hidden)
+            layers: list[nn.Module] = []
+            for a, b in zip(dims[:-1], dims[1:]):
+                layers += [nn.Linear(a, b), nn.GELU()]
+            layers.append(nn.Linear(dims[-1], config.action_dim))
+            self.net = nn.Sequential(*layers)
+            self.register_buffer("obs_mean", torch.zeros(config.state_dim))
+            self.register_buffer("obs_std", torch.ones(config.state_dim))
+
+        def forward(self, state):
+            # normalisation inside the network, so the exported graph takes raw state
+            return torch.tanh(self.net((state - self.obs_mean) / self.obs_std))
+
+    return BCStateMLP()
+
+
+def save(model, config: BCConfig, path: str | Path, extra: dict | None = None) -> None:
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    meta = {"format": FORMAT, "config": json.dumps(asdict(config)), **{k: str(v) for k, v in (extra or {}).items()}}
+    save_file(tensors, str(path), metadata=meta)
+
+
+def load(path: str | Path = DEFAULT_WEIGHTS):
+    """(model in eval mode, config, metadata); one-line BadCheckpointError on any mismatch."""
+    import torch
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise BadCheckpointError(f"bc-state weights {path} do not exist; train them with: python -m eval.train_bc")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001 - safetensors raises several error types for bad files
+        raise BadCheckpointError(f"bc-state weights {path} are corrupt or not safetensors ({e})") from None
+    if meta.get("format") != FORMAT:
+        raise BadCheckpointError(f"{path} is not a bc-state checkpoint (format {meta.get('format')!r}, expected {FORMAT!r})")
+    cfg_dict = json.loads(meta["config"])
+    config = BCConfig(**{**cfg_dict, "hidden": tuple(cfg_dict["hidden"])})
+    if config.state_dim != BCConfig.state_dim or config.action_dim != BCConfig.action_dim:
+        raise BadCheckpointError(f"{path} maps {config.state_dim} -> {config.action_dim} numbers; this code's state "
+                                 f"has {BCConfig.state_dim} and its action {BCConfig.action_dim}")
+    model = build(config)
+    expected = model.state_dict()
+    for name in ("obs_mean", "obs_std"):
+        if name not in tensors:
+            raise BadCheckpointError(f"{path} has no normalisation tensor {name!r}")
+    for name, ref in expected.items():
+        if name not in tensors:
+            raise BadCheckpointError(f"{path} lacks tensor {name!r}")
+        if tuple(tensors[name].shape) != tuple(ref.shape):
+            raise BadCheckpointError(f"{path}: tensor {name!r} has shape {tuple(tensors[name].shape)}, "
+                                     f"expected {tuple(ref.shape)}")
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        raise BadCheckpointError(f"{path} has unexpected tensors {', '.join(unexpected)}")
+    if not torch.all(tensors["obs_std"] > 0) or not all(torch.isfinite(t).all() for t in tensors.values()):
+        raise BadCheckpointError(f"{path} holds non-finite weights or a non-positive normalisation std")
+    model.load_state_dict(tensors)
+    model.eval()
+    return model, config, meta
+
+
+def export_onnx(model, config: BCConfig, path: str | Path, source: str = "") -> Path:
+    """ONNX with a dynamic batch: input ``state`` (N, 29) float32, output ``action`` (N, 7)."""
+    import torch
+
+    from engines.onnx_utils import check_onnx_file, set_metadata
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dummy = torch.zeros(1, config.state_dim)
+    # the TorchScript exporter: the dynamo one needs onnxscript, and this MLP needs nothing it adds
+    torch.onnx.export(model, (dummy,), str(path), input_names=["state"], output_names=["action"],
+                      dynamic_axes={"state": {0: "batch"}, "action": {0: "batch"}}, opset_version=17, dynamo=False)
+    set_metadata(path, exporter=f"torch.onnx {torch.__version__}", opset="17", model="bc-state", source=source)
+    check_onnx_file(path)
+    return path
+
+
+def numpy_forward(model, state: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.as_tensor(state, dtype=torch.float32)).numpy()

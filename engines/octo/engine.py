@@ -1,0 +1,165 @@
+"""OctoEngine: a loaded (or randomly initialised) Octo model, ready to answer queries on the JAX backend.
+
+    engine = OctoEngine.load("octo-small", checkpoint="/path/to/octo-small-1.5")   # or random_weights=True
+    lang = engine.embed("put the square block into the square hole")      # cached per (checkpoint, text)
+    actions = engine.predict(images, masks, lang[None], rng=key)            # (B, 4, 7), normalised
+    actions = engine.unnormalize(actions)                                   # dataset statistics, mask kept
+
+``predict`` takes the noise from outside as well (``noise=(init, steps)``),
+so that other backends can be compared on exactly the same draws.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from engines.octo import checkpoint as ckpt
+from engines.octo.config import PRESETS, OctoConfig
+from engines.octo.errors import OctoCheckpointError
+from engines.octo.model import make_infer, noise_from_rng, unnormalize
+from engines.octo.params import init_params, t5_subtree, without_t5
+from engines.octo.t5 import t5_encode
+from engines.octo.text import InstructionCache, make_tokenizer
+
+# Octo's actions are normalised per dataset; the scene is closest to Bridge (delta end-effector position and
+# roll-pitch-yaw in the robot base frame, absolute gripper 1 = open), Octo's most-used zero-shot setting and
+# the key of upstream's own examples. Its mask leaves the gripper dimension as the model outputs it.
+UNNORM_KEY = "bridge_dataset"
+RANDOM_WEIGHTS_NOTE = "random weights: latency only, success meaningless"
+
+
+def synthetic_statistics(cfg: OctoConfig) -> dict:
+    """Statistics for random weights only: Bridge-like scale (1 cm, 0.01 rad), gripper left as output."""
+    a = cfg.action_dim
+    std = [0.01] * (a - 1) + [1.0]
+    mask = [True] * (a - 1) + [False]
+    action = {"mean": [0.0] * a, "std": std, "mask": mask, "min": [-0.05] * a, "max": [0.05] * a,
+              "p01": [-0.03] * a, "p99": [0.03] * a}
+    return {UNNORM_KEY: {"action": action, "num_transitions": 0, "num_trajectories": 0,
+                         "note": RANDOM_WEIGHTS_NOTE}}
+
+
+class OctoEngine:
+    def __init__(self, cfg: OctoConfig, params: dict, dataset_statistics: dict, *, identity: str, tokenizer,
+                 random_weights: bool, path: Path | None = None, embed_cache_dir: str | Path | None = None):
+        self.cfg = cfg
+        self.identity = identity
+        self.random_weights = random_weights
+        self.path = path
+        self.dataset_statistics = dataset_statistics
+        self.tokenizer = tokenizer
+        self.t5_params = jax.tree_util.tree_map(jnp.asarray, t5_subtree(params))
+        self.params = jax.tree_util.tree_map(jnp.asarray, without_t5(params))
+        self._infer = jax.jit(make_infer(cfg))
+        self._infer_rng = jax.jit(make_infer(cfg, with_rng=True))
+        self._noise = jax.jit(functools.partial(noise_from_rng, cfg), static_argnums=(1,))
+        spec = cfg.t5
+        self._t5 = jax.jit(lambda p, ids, m: t5_encode(p, spec, ids, m))
+        self.cache = InstructionCache(identity, self._encode_text, embed_cache_dir)
+        self.note = RANDOM_WEIGHTS_NOTE if random_weights else None
+
+    # ------------------------------------------------------------ construction
+    @classmethod
+    def load(cls, model: str, checkpoint: str | Path | None = None, random_weights: bool = False, seed: int = 0,
+             step: int | None = None, embed_cache_dir: str | Path | None = None, spiece: str | Path | None = None,
+             check_size: bool = True) -> "OctoEngine":
+        """``model``: "octo-small" | "octo-base". Without ``checkpoint`` the Hugging Face cache is searched."""
+        if model not in PRESETS:
+            raise OctoCheckpointError(f"unknown Octo model {model!r}; valid: {', '.join(PRESETS)}")
+        preset = PRESETS[model]()
+        if random_weights:
+            if checkpoint:
+                raise OctoCheckpointError("--random-weights and --checkpoint exclude each other")
+            params = init_params(preset, jax.random.PRNGKey(seed))
+            tok = make_tokenizer(None, preset.lang_tokens, preset.t5.vocab_size, True, spiece)
+            return cls(preset, params, synthetic_statistics(preset), identity=f"random-weights:{model}:seed{seed}",
+                       tokenizer=tok, random_weights=True, embed_cache_dir=embed_cache_dir)
+        path = ckpt.resolve(model, checkpoint)
+        c = ckpt.load(path, model=model, step=step, expect=preset if check_size else None)
+        tok = make_tokenizer(path, c.config.lang_tokens, c.config.t5.vocab_size, False, spiece)
+        return cls(c.config, c.params, c.dataset_statistics, identity=c.identity, tokenizer=tok,
+                   random_weights=False, path=path, embed_cache_dir=embed_cache_dir)
+
+    @classmethod
+    def from_checkpoint(cls, ck: "ckpt.Checkpoint", tokenizer, embed_cache_dir=None) -> "OctoEngine":
+        return cls(ck.config, ck.params, ck.dataset_statistics, identity=ck.identity, tokenizer=tokenizer,
+                   random_weights=False, path=ck.path, embed_cache_dir=embed_cache_dir)
+
+    # ------------------------------------------------------------ language
+    def tokenize(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        return self.tokenizer(text)
+
+    def _encode_text(self, text: str) -> np.ndarray:
+        ids, mask = self.tokenize(text)
+        out = self._t5(self.t5_params, jnp.asarray(ids)[None], jnp.asarray(mask)[None])
+        return np.asarray(out[0], np.float32)
+
+    def embed(self, text: str) -> np.ndarray:
+        """T5 output (lang_tokens, d_model) for an instruction, cached per (checkpoint, instruction)."""
+        return self.cache(text)
+
+    # ------------------------------------------------------------ actions
+    def predict(self, images: Sequence[Any], masks, lang, rng=None, noise: tuple[Any, Any] | None = None):
+        """Normalised action chunks (B, horizon, dim).
+
+        ``images``: uint8 (B, W, H, W, 3) per camera; ``masks`` float (B, W, 1 + cameras);
+        ``lang`` (B, lang_tokens, d_model); exactly one of ``rng`` (a key) or ``noise``
+        (``(init (B, horizon*dim), steps (diffusion_steps, B, horizon*dim))``).
+        """
+        if (rng is None) == (noise is None):
+            raise ValueError("give exactly one of rng or noise")
+        images = [jnp.asarray(i, jnp.uint8) for i in images]
+        masks = jnp.asarray(masks, jnp.float32)
+        lang = jnp.asarray(lang, jnp.float32)
+        if noise is not None:
+            out = self._infer(self.params, images, lang, masks, jnp.asarray(noise[0], jnp.float32),
+                              jnp.asarray(noise[1], jnp.float32))
+        else:
+            out = self._infer_rng(self.params, images, lang, masks, rng)
+        return np.asarray(out)
+
+    def draw_noise(self, rng, batch: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """The (init, steps) noise arrays ``predict(rng=rng)`` would use."""
+        init, steps = self._noise(rng, batch)
+        return np.asarray(init), np.asarray(steps)
+
+    def statistics(self, key: str = UNNORM_KEY) -> dict:
+        if key not in self.dataset_statistics:
+            raise OctoCheckpointError(f"dataset_statistics.json has no {key!r} (has {', '.join(self.dataset_statistics)})")
+        return self.dataset_statistics[key]["action"]
+
+    def unnormalize(self, actions, key: str = UNNORM_KEY) -> np.ndarray:
+        return unnormalize(actions, self.statistics(key))
+
+    def blank_inputs(self, batch: int = 1):
+        """Zero images, full masks, zero language: shapes of one query (for warm-up and tests)."""
+        cfg = self.cfg
+        images = [np.zeros((batch, cfg.window, *c.image_size, 3), np.uint8) for c in cfg.cameras]
+        masks = np.ones((batch, cfg.window, 1 + len(cfg.cameras)), np.float32)
+        lang = np.zeros((batch, cfg.lang_tokens, cfg.t5.d_model), np.float32)
+        return images, masks, lang
+
+    def warmup(self) -> None:
+        """Compile the query function (so that the first timed query is not a compilation)."""
+        images, masks, lang = self.blank_inputs()
+        self.predict(images, masks, lang, rng=jax.random.PRNGKey(0))
+
+
+_ENGINES: dict[tuple, OctoEngine] = {}
+
+
+def get_engine(model: str, checkpoint: str | Path | None = None, random_weights: bool = False,
+               **kwargs) -> OctoEngine:
+    """A process-wide engine per (model, checkpoint, random_weights); only the last one is kept."""
+    key = (model, str(Path(checkpoint).expanduser().resolve()) if checkpoint else None, bool(random_weights),
+           tuple(sorted(kwargs.items())))
+    if key not in _ENGINES:
+        _ENGINES.clear()
+        _ENGINES[key] = OctoEngine.load(model, checkpoint=checkpoint, random_weights=random_weights, **kwargs)
+    return _ENGINES[key]

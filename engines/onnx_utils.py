@@ -1,0 +1,54 @@
+"""Checks and metadata for exported ONNX files."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from engines.optional import require
+
+
+class BadModelFileError(ValueError):
+    """A model file is missing, truncated, corrupt or not what was expected (one line)."""
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_onnx_file(path: str | Path):
+    """Load and check an ONNX file; one clear line when it is missing, truncated or corrupt."""
+    onnx = require("onnx", "export")
+    path = Path(path)
+    if not path.is_file():
+        raise BadModelFileError(f"ONNX file {path} does not exist; build it with: make engines")
+    try:
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model)
+    except Exception as e:  # noqa: BLE001 - protobuf and checker errors have many types
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BadModelFileError(f"ONNX file {path} is corrupt or truncated ({first}); rebuild it with: make engines") from None
+    return model
+
+
+def set_metadata(path: str | Path, **props: str) -> None:
+    """Record provenance (exporter, opset, source) in the file's metadata_props."""
+    onnx = require("onnx", "export")
+    model = onnx.load(str(path))
+    existing = {p.key: p for p in model.metadata_props}
+    for k, v in props.items():
+        if k in existing:
+            existing[k].value = str(v)
+        else:
+            entry = model.metadata_props.add()
+            entry.key, entry.value = k, str(v)
+    onnx.save(model, str(path))
+
+
+def metadata(path: str | Path) -> dict[str, str]:
+    model = check_onnx_file(path)
+    return {p.key: p.value for p in model.metadata_props}

@@ -1,0 +1,39 @@
+"""The one place that knows the optional dependencies and which extra installs each."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# module -> (pip extra of this project, or how to get it)
+OPTIONAL = {
+    "onnx": "pip install -e '.[export]'",
+    "onnxruntime": "pip install -e '.[export]'",
+    "jax": "pip install -e '.[jax]'",
+    "flax": "pip install -e '.[jax]'",
+    "tensorrt": "JetPack ships it on Jetson; on x86: pip install tensorrt (NVIDIA's index)",
+    "cuda": "pip install cuda-python",
+    "jtop": "pip install -e '.[jetson]'",
+    "pynvml": "pip install nvidia-ml-py",
+}
+
+
+class MissingDependencyError(ImportError):
+    """An optional module is not installed; the message says how to install it."""
+
+
+def require(module: str, extra: str | None = None) -> ModuleType:
+    """Import an optional module or fail with one line naming what to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        how = OPTIONAL.get(module, f"pip install -e '.[{extra}]'" if extra else f"pip install {module}")
+        raise MissingDependencyError(f"{module} is not installed; install it with: {how}") from None
+
+
+def available(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+        return True
+    except ImportError:
+        return False

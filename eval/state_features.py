@@ -1,0 +1,85 @@
+"""The fixed state observation of the adapted track (bc-state): 29 numbers, no camera input.
+
+Built from ``ShapeAssemblyEnv.task_state()`` for one scene. Angles enter as
+cosine/sine pairs of multiples that remove the symmetries, so that equivalent
+poses give equal features. Positions in metres in the world frame (the robot
+base is at x = -0.615, the table top is z = 0).
+
+| index | name | meaning |
+|---|---|---|
+| 0-2 | tcp_p | gripper centre point |
+| 3-4 | grip_cs | cos, sin of 2 x the finger closing angle (the gripper is symmetric under a half turn) |
+| 5 | opening | gripper opening, 0 closed .. 1 open |
+| 6-8 | block_p | target block centre |
+| 9-10 | block_hole_yaw_cs | cos, sin of n x (hole yaw - block yaw), n = 4 square, 3 triangle; (1, 0) for the circle |
+| 11-12 | grip_knob_cs | cos, sin of 4 x (closing angle - block yaw): the square knob's quarter-turn symmetry |
+| 13-15 | hole | target hole centre xy and the plate's top z |
+| 16-18 | block_minus_tcp | block centre - tcp |
+| 19-21 | hole_minus_block | hole centre - block centre (xy) and plate top - block bottom (z) |
+| 22 | tilt | block tilt from upright, rad |
+| 23 | grasped | 1 when both fingers hold the target block |
+| 24-26 | shape | one-hot circle, square, triangle |
+| 27-28 | hole_yaw_cs | cos, sin of the board's yaw |
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from env import geometry
+
+STATE_DIM = 29
+_ORDER = {"circle": 1, "square": 4, "triangle": 3}
+
+
+def _yaw(q: np.ndarray) -> float:
+    w, x, y, z = q
+    return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
+
+
+def _rotation(q: np.ndarray) -> np.ndarray:
+    w, x, y, z = q
+    return np.array([
+        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+    ])
+
+
+def target_index(state: Mapping[str, np.ndarray]) -> int:
+    """The block to work on: the single target, or on the full board the first one not yet inserted."""
+    targets = np.flatnonzero(state["target"])
+    for k in targets:
+        bottom = state["block_p"][k][2] - geometry.BLOCK_HEIGHT / 2
+        xy = np.linalg.norm(state["block_p"][k][:2] - state["hole_xy"][k])
+        if not (bottom <= state["board_top_z"] - 0.026 and xy <= 0.006):
+            return int(k)
+    return int(targets[-1])
+
+
+def state_vector(state: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Features of one scene's ``task_state`` (arrays without the batch dimension)."""
+    k = target_index(state)
+    shape = geometry.SHAPES[k]
+    rot = _rotation(state["tcp_q"])
+    closing = float(np.arctan2(rot[1, 1], rot[0, 1]))
+    bq = state["block_q"][k]
+    byaw = _yaw(bq)
+    hole_yaw = float(state["hole_yaw"][k])
+    n = _ORDER[shape]
+    dyaw = hole_yaw - byaw if n > 1 else 0.0
+    bp = state["block_p"][k]
+    bottom = bp[2] - geometry.BLOCK_HEIGHT / 2
+    hole = np.array([*state["hole_xy"][k], float(state["board_top_z"])])
+    tilt = float(np.arccos(np.clip(_rotation(bq)[2, 2], -1.0, 1.0)))
+    onehot = np.eye(3)[k]
+    v = np.concatenate([
+        state["tcp_p"], [np.cos(2 * closing), np.sin(2 * closing)], [float(state["gripper_opening"])],
+        bp, [np.cos(n * dyaw), np.sin(n * dyaw)], [np.cos(4 * (closing - byaw)), np.sin(4 * (closing - byaw))],
+        hole, bp - state["tcp_p"], [hole[0] - bp[0], hole[1] - bp[1], hole[2] - bottom], [tilt],
+        [float(state["is_grasped"])], onehot, [np.cos(hole_yaw), np.sin(hole_yaw)],
+    ]).astype(np.float32)
+    assert v.shape == (STATE_DIM,)
+    return v

@@ -1,0 +1,125 @@
+"""bc-state: the state vector, deterministic training, strict loading, ONNX parity."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engines import bc_mlp
+from engines.bc_mlp import BadCheckpointError, BCConfig
+from eval.state_features import STATE_DIM, state_vector
+from eval.train_bc import train
+
+
+def _state(block_yaw=0.3, shape_k=1, grip=0.2):
+    def q_yaw(a):
+        return np.array([np.cos(a / 2), 0, 0, np.sin(a / 2)])
+
+    # tcp pointing down with fingers closing along `grip` (same construction as the scripted policy)
+    from eval.policies.scripted import _top_down
+
+    tq = _top_down(grip).as_quat()  # xyzw
+    block_q = np.tile(q_yaw(0.0), (3, 1))
+    block_q[shape_k] = q_yaw(block_yaw)
+    return {
+        "tcp_p": np.array([0.0, 0.0, 0.15]), "tcp_q": np.array([tq[3], tq[0], tq[1], tq[2]]),
+        "gripper_opening": np.float64(1.0),
+        "block_p": np.array([[-1.2, 1.2, -0.9], [-0.18, 0.01, 0.02], [-1.2, 1.5, -0.9]]),
+        "block_q": block_q, "hole_xy": np.array([[0.03, -0.11], [0.03, 0.0], [0.03, 0.11]]),
+        "hole_yaw": np.zeros(3), "board_top_z": np.float64(0.03),
+        "active": np.array([0, 1, 0], bool), "target": np.eye(3, dtype=bool)[shape_k], "is_grasped": np.False_,
+    }
+
+
+def test_state_vector_is_fixed_and_symmetric():
+    v = state_vector(_state())
+    assert v.shape == (STATE_DIM,) and v.dtype == np.float32 and np.all(np.isfinite(v))
+    # a square turned by a quarter turn, held at a grip turned by a half turn: the same features
+    np.testing.assert_allclose(state_vector(_state(block_yaw=0.3 + np.pi / 2, grip=0.2 + np.pi)), v, atol=1e-5)
+    assert not np.allclose(state_vector(_state(block_yaw=0.3 + np.pi / 4)), v, atol=1e-3)
+
+
+def _data(n=600, seed=1):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, STATE_DIM)).astype(np.float32)
+    y = np.tanh(x[:, :7] * 0.5).astype(np.float32)
+    return x, y
+
+
+def test_training_is_deterministic_from_its_seed():
+    x, y = _data()
+    a, _, ha = train(x, y, seed=3, epochs=3, batch=64, log=lambda *_: None)
+    b, _, hb = train(x, y, seed=3, epochs=3, batch=64, log=lambda *_: None)
+    for (ka, ta), (kb, tb) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert ka == kb and torch.equal(ta, tb)
+    assert ha == hb and ha[-1]["train_mse"] < ha[0]["train_mse"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    x, y = _data()
+    model, config, _ = train(x, y, seed=0, epochs=2, batch=64, log=lambda *_: None)
+    path = tmp_path_factory.mktemp("bc") / "w.safetensors"
+    bc_mlp.save(model, config, path)
+    return path, model, config, x
+
+
+def test_weights_round_trip(trained):
+    path, model, _, x = trained
+    loaded, config, meta = bc_mlp.load(path)
+    assert config == BCConfig() and meta["format"] == bc_mlp.FORMAT
+    np.testing.assert_array_equal(bc_mlp.numpy_forward(loaded, x[:5]), bc_mlp.numpy_forward(model, x[:5]))
+
+
+def test_mismatched_or_broken_weights_fail_with_one_line(trained, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = trained[0]
+    tensors = load_file(str(path))
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    cases = {
+        "shape": ({**tensors, "net.0.weight": torch.zeros(256, 12)}, meta, "net.0.weight"),
+        "norm": ({k: v for k, v in tensors.items() if k != "obs_std"}, meta, "obs_std"),
+        "badstd": ({**tensors, "obs_std": torch.zeros(STATE_DIM)}, meta, "std"),
+        "format": (tensors, {**meta, "format": "other"}, "not a bc-state checkpoint"),
+    }
+    for name, (t, m, needle) in cases.items():
+        p = tmp_path / f"{name}.safetensors"
+        save_file(t, str(p), metadata=m)
+        with pytest.raises(BadCheckpointError) as e:
+            bc_mlp.load(p)
+        assert needle in str(e.value) and "\n" not in str(e.value), name
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(BadCheckpointError, match="corrupt"):
+        bc_mlp.load(corrupt)
+    with pytest.raises(BadCheckpointError, match="train them"):
+        bc_mlp.load(tmp_path / "missing.safetensors")
+
+
+def test_onnx_export_matches_torch_and_the_policy_backends_agree(trained, tmp_path, monkeypatch):
+    from engines.runners import OnnxRuntimeRunner
+
+    path, model, config, x = trained
+    onnx_path = bc_mlp.export_onnx(model, config, tmp_path / "bc.onnx")
+    with OnnxRuntimeRunner(onnx_path) as r:
+        for batch in (1, 7):  # dynamic batch
+            got = r.infer({"state": x[:batch]})["action"]
+            np.testing.assert_allclose(got, bc_mlp.numpy_forward(model, x[:batch]), rtol=1e-4, atol=1e-5)
+    from engines.onnx_utils import metadata
+
+    meta = metadata(onnx_path)
+    assert meta["opset"] == "17" and meta["exporter"].startswith("torch.onnx")
+
+    monkeypatch.setenv("SAB_CACHE_DIR", str(tmp_path / "cache"))
+    from eval.policies.bc_state import BCStatePolicy
+
+    obs = {"state": _state()}
+    a_ort = BCStatePolicy(path, backend="ort").query(obs)
+    a_torch = BCStatePolicy(path, backend="torch").query(obs)
+    assert a_ort.shape == (7,)
+    np.testing.assert_allclose(a_ort, a_torch, rtol=1e-4, atol=1e-5)
