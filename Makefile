@@ -10,13 +10,14 @@ PY := $(if $(strip $(PYTHON)),$(PYTHON),$(CURDIR)/.venv/bin/python)
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test demo
+.PHONY: help setup test demo engines
 
 help:
 	@echo "Targets:"
-	@echo "  make setup   idempotent setup: .venv/ (or PYTHON=...), Mesa lavapipe (root), torch if missing, pip install -e .[sim,export,dev]"
+	@echo "  make setup   idempotent setup: .venv/ (or PYTHON=...), Mesa lavapipe (root), torch if missing, pip install -e .[sim,export,jax,dev]"
 	@echo "  make test    setup, then $(PY) -m pytest -q"
 	@echo "  make demo    setup, then the scripted reference on 3 A01 tries (dev split) -> runs/demo"
+	@echo "  make engines setup, then ONNX exports and (with a GPU and TensorRT) engines -> build/engines"
 	@echo "Variables:"
 	@echo "  PYTHON=/usr/bin/python3   install into / run with this interpreter instead of .venv/"
 	@echo "  PYTEST_ARGS='-k foo'      extra pytest arguments for make test"
@@ -34,3 +35,6 @@ test: setup
 
 demo: setup
 	$(PY) -m eval.run --model scripted --split dev --setups A01 --tries 3 --out runs/demo
+
+engines: setup
+	$(PY) -m engines.build

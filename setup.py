@@ -38,7 +38,7 @@ setup(
         # (empty) extra so `pip install -e .[trt]` is a valid spelling.
         "trt": [],
         "jetson": ["jetson-stats"],
-        "jax": ["jax", "flax"],
+        "jax": ["jax", "flax", "orbax-checkpoint", "sentencepiece", "msgpack"],
         "dev": ["pytest", "pytest-timeout"],
     },
 )

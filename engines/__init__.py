@@ -1,13 +1,16 @@
-"""Model engines: the released models the benchmark runs, their exports and runtime backends.
+"""Model engines: the models the benchmark runs, their exports and their runtime backends.
 
-Each subpackage holds one model family, written here so that it loads the
-released files unchanged and runs on the backends the benchmark measures:
+Models, written here so that they load their files unchanged:
 
-- :mod:`engines.octo`: Octo 1.5 (octo-small-1.5, octo-base-1.5) in JAX, loading
-  the released checkpoints (config.json, dataset_statistics.json,
-  example_batch.msgpack, the step folder); its observation backbone and its
-  denoising step are plain functions, ready for ONNX export.
+- :mod:`engines.octo`: Octo 1.5 (octo-small-1.5, octo-base-1.5) in JAX, loading the
+  released checkpoints; its observation backbone and denoising step are plain
+  functions, ready for ONNX export;
+- :mod:`engines.bc_mlp`: the bc-state MLP (safetensors, strict loading).
 
-Backends: ``jax`` (CPU or GPU, the reference); ONNX Runtime and TensorRT
-exports of the same functions are added beside them.
+Exports and backends: :mod:`engines.onnx_utils` (checks and metadata of ONNX
+files), :mod:`engines.trt` (TensorRT engines with a strict cache),
+:mod:`engines.runners` (ONNX Runtime and in-process callables behind one interface),
+:mod:`engines.build` (``make engines``). :mod:`engines.optional` names the
+optional dependencies and how to install each; every module imports on a
+CPU-only machine.
 """

@@ -246,7 +246,7 @@ def build_summary(records: Iterable[Mapping], *, model: str | None = None,
     scored, full = _split_records(records)
 
     meta = {key: _common(records, key, warnings) for key in ("model", "track", "split", "arm", "machine",
-                                                             "tasklist_sha256")}
+                                                             "tasklist_sha256", "backend", "note")}
     name = model if model is not None else meta["model"]
     if isinstance(name, list):
         raise ReportError(f"records hold several models ({', '.join(map(str, name))}); one tries file = one model")
@@ -298,6 +298,8 @@ def build_summary(records: Iterable[Mapping], *, model: str | None = None,
         "arm": meta["arm"],
         "machine": meta["machine"],
         "tasklist_sha256": meta["tasklist_sha256"],
+        "backend": meta["backend"],
+        "note": meta["note"],
         "n_tries": len(scored),
         "complete": sd["complete"],
         "missing": sd["missing"],
@@ -499,6 +501,9 @@ def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | 
         L.append("Task list sha256: differs between models: " +
                  "; ".join(f"{n} `{_val(s['tasklist_sha256'])}`" for n, s in summaries.items()))
     L.append("")
+    for n, s in summaries.items():
+        if s.get("note"):  # e.g. random weights: latency only, success meaningless
+            L += [f"**{n}: {_val(s['note'])}**", ""]
     for n, s in summaries.items():
         if not s["complete"]:
             who = f"{n}: " if several else ""

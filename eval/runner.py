@@ -216,6 +216,7 @@ def run_try(env, policy, setup_id: str, split: str, try_index: int, tasklist=Non
         "disturbance_step": int(info["disturbance_step"][0]) if fired else None,
         "tasklist_sha256": tasklist.sha256 if tasklist is not None else None,
         "backend": policy.backend,
+        "note": getattr(policy, "note", None),
         "machine": machine_info(),
         "wall_s": round(time.monotonic() - t0, 3),
         "infer_ms_mean": round(float(np.mean(lat)), 4) if lat else None,

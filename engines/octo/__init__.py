@@ -1,0 +1,35 @@
+"""Octo 1.5 (octo-small-1.5, octo-base-1.5) in JAX, loading the released checkpoints unchanged.
+
+Modules:
+
+- :mod:`~engines.octo.config`: the architecture (:class:`OctoConfig`, presets) read from/written to ``config.json``;
+- :mod:`~engines.octo.model`: pure functions over the released parameter tree:
+  ``make_backbone`` (images + language embedding + float masks -> readout embedding),
+  ``make_denoise_step``, ``make_sampler`` (noise given as arrays), ``noise_from_rng``, ``unnormalize``;
+- :mod:`~engines.octo.t5`: the t5-base encoder from the checkpoint's own weights;
+- :mod:`~engines.octo.params`: seeded random init of the exact tree, shapes, counts;
+- :mod:`~engines.octo.checkpoint`: find (``--checkpoint`` or the HF cache), read (single-file msgpack or orbax
+  folder), check (one-line errors) and write checkpoints in the released layout;
+- :mod:`~engines.octo.text`: t5 tokenisation from local ``spiece.model``, the random-weights fallback, the
+  instruction-embedding cache;
+- :mod:`~engines.octo.engine`: :class:`OctoEngine`, everything above behind ``embed`` / ``predict``.
+
+Errors (:class:`OctoError` and subclasses) carry one-line messages.
+"""
+
+from engines.octo.config import HF_REPOS, PRESETS, CameraSpec, OctoConfig, T5Spec, octo_base_config, octo_small_config
+from engines.octo.errors import OctoCheckpointError, OctoError, OctoTokenizerError
+
+__all__ = [
+    "HF_REPOS", "PRESETS", "CameraSpec", "OctoConfig", "T5Spec", "octo_base_config", "octo_small_config",
+    "OctoCheckpointError", "OctoError", "OctoTokenizerError", "OctoEngine", "get_engine", "UNNORM_KEY",
+    "RANDOM_WEIGHTS_NOTE",
+]
+
+
+def __getattr__(name):  # the engine imports jax; load it on first use
+    if name in ("OctoEngine", "get_engine", "UNNORM_KEY", "RANDOM_WEIGHTS_NOTE"):
+        from engines.octo import engine
+
+        return getattr(engine, name)
+    raise AttributeError(name)

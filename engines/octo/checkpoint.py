@@ -36,12 +36,13 @@ from engines.octo.config import HF_REPOS, OctoConfig, config_from_release, relea
 from engines.octo.errors import OctoCheckpointError
 from engines.octo.params import flatten, param_shapes
 from engines.octo.text import hf_snapshots
+from engines.optional import require
 
 REQUIRED_FILES = ("config.json", "dataset_statistics.json", "example_batch.msgpack")
 
 
 def get_hint(model: str | None) -> str:
-    repo = HF_REPOS.get(model or "", "rail-berkeley/octo-small-1.5")
+    repo = HF_REPOS.get(model or "", "rail-berkeley/octo-small-1.5 (or octo-base-1.5)")
     return (f"get the files with `huggingface-cli download {repo}` on a machine with internet, then pass "
             f"--checkpoint DIR (the downloaded folder) or copy its Hugging Face cache here")
 
@@ -87,7 +88,7 @@ def step_dirs(path: Path) -> list[int]:
 
 
 def _msgpack_restore(data: bytes, where: Path) -> Any:
-    from flax import serialization
+    serialization = require("flax.serialization", "jax")
 
     try:
         return serialization.msgpack_restore(data)
@@ -103,11 +104,7 @@ def _has_placeholders(tree: Any) -> bool:
 
 
 def _orbax_restore(folder: Path) -> Any:
-    try:
-        import orbax.checkpoint as ocp
-    except ImportError:
-        raise OctoCheckpointError(f"{folder}: an orbax checkpoint folder needs orbax-checkpoint "
-                                  f"(pip install orbax-checkpoint)") from None
+    ocp = require("orbax.checkpoint", "jax")
     try:
         tree = ocp.PyTreeCheckpointer().restore(str(folder.resolve()))
     except Exception as e:  # noqa: BLE001
@@ -170,8 +167,9 @@ def check_params(params: Mapping[str, Any], cfg: OctoConfig, where: Path, model:
                                       f"{hint}")
     extra = [n for n in found if n not in expected]
     if extra:
-        raise OctoCheckpointError(f"{where}: unexpected parameter {extra[0]} with shape {tuple(np.shape(found[extra[0]]))}"
-                                  f" ({len(extra)} unexpected in all); {hint}")
+        shape = tuple(np.shape(found[extra[0]]))
+        raise OctoCheckpointError(f"{where}: unexpected parameter {extra[0]} with shape {shape} "
+                                  f"({len(extra)} unexpected in all); {hint}")
 
 
 def _read_json(f: Path, model: str | None) -> Any:

@@ -161,10 +161,20 @@ def _spec(module: str, name: str, **kwargs) -> dict:
 
 def release_config_dict(cfg: OctoConfig) -> dict[str, Any]:
     """``config.json`` content in the released layout (the keys ``load_pretrained`` reads)."""
+    def encoder(c: CameraSpec) -> dict:
+        kw: dict[str, Any] = {}
+        if c.stem_features != CameraSpec.stem_features:  # SmallStem's own defaults are left out, as released
+            kw["features"] = list(c.stem_features)
+            kw["kernel_sizes"] = [3] * len(c.stem_features)
+            kw["strides"] = [2] * len(c.stem_features)
+            kw["padding"] = [1] * len(c.stem_features)
+        if c.num_features != CameraSpec.num_features:
+            kw["num_features"] = c.num_features
+        return _spec(_ENCODERS, c.encoder_name, **kw)
+
     cams = {
         c.name: _spec(_TOKENIZERS, "ImageTokenizer", obs_stack_keys=[c.obs_key],
-                      task_stack_keys=[c.obs_key] if c.stack_task_image else [],
-                      encoder=_spec(_ENCODERS, c.encoder_name))
+                      task_stack_keys=[c.obs_key] if c.stack_task_image else [], encoder=encoder(c))
         for c in cfg.cameras
     }
     model = {
@@ -235,6 +245,11 @@ def config_from_release(raw: Mapping[str, Any], example_batch: Mapping[str, Any]
         enc_kw = _kwargs(enc, where, f"encoder of {cam_name!r}", ("SmallStem16", "SmallStem32"))
         if enc_kw.get("use_film"):
             raise _fail(where, f"encoder of {cam_name!r} uses FiLM, not supported")
+        n_layers = len(enc_kw.get("features", (32, 96, 192, 384)))
+        for key, want in (("kernel_sizes", 3), ("strides", 2), ("padding", 1)):
+            if list(enc_kw.get(key, [want] * n_layers)) != [want] * n_layers:
+                raise _fail(where, f"encoder of {cam_name!r} has {key} {enc_kw[key]}; 3x3 stride-2 padding-1 "
+                                   f"layers are supported")
         patch = int(enc_kw.get("patch_size", 16 if enc["name"] == "SmallStem16" else 32))
         default_size = 256 if cam_name == "primary" else 128
         size = (default_size, default_size)

@@ -7,11 +7,16 @@
 
 ``predict`` takes the noise from outside as well (``noise=(init, steps)``),
 so that other backends can be compared on exactly the same draws.
+
+Instruction embeddings are cached in memory per (checkpoint, tokenizer,
+instruction); with ``embed_cache_dir`` (or ``$OCTO_EMBED_CACHE``) also as
+``.npy`` files, so that a device that runs only the backbone can be given them.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -32,6 +37,7 @@ from engines.octo.text import InstructionCache, make_tokenizer
 # the key of upstream's own examples. Its mask leaves the gripper dimension as the model outputs it.
 UNNORM_KEY = "bridge_dataset"
 RANDOM_WEIGHTS_NOTE = "random weights: latency only, success meaningless"
+EMBED_CACHE_ENV = "OCTO_EMBED_CACHE"  # a folder: instruction embeddings are also kept there as .npy files
 
 
 def synthetic_statistics(cfg: OctoConfig) -> dict:
@@ -61,7 +67,10 @@ class OctoEngine:
         self._noise = jax.jit(functools.partial(noise_from_rng, cfg), static_argnums=(1,))
         spec = cfg.t5
         self._t5 = jax.jit(lambda p, ids, m: t5_encode(p, spec, ids, m))
-        self.cache = InstructionCache(identity, self._encode_text, embed_cache_dir)
+        # the embedding depends on the T5 weights (the checkpoint) and on the tokenizer
+        tok_id = f"{getattr(tokenizer, 'kind', type(tokenizer).__name__)}:{getattr(tokenizer, 'path', '')}"
+        folder = embed_cache_dir if embed_cache_dir is not None else os.environ.get(EMBED_CACHE_ENV) or None
+        self.cache = InstructionCache(f"{identity}|{tok_id}", self._encode_text, folder)
         self.note = RANDOM_WEIGHTS_NOTE if random_weights else None
 
     # ------------------------------------------------------------ construction
@@ -76,7 +85,7 @@ class OctoEngine:
         if random_weights:
             if checkpoint:
                 raise OctoCheckpointError("--random-weights and --checkpoint exclude each other")
-            params = init_params(preset, jax.random.PRNGKey(seed))
+            params = init_params(preset, seed)
             tok = make_tokenizer(None, preset.lang_tokens, preset.t5.vocab_size, True, spiece)
             return cls(preset, params, synthetic_statistics(preset), identity=f"random-weights:{model}:seed{seed}",
                        tokenizer=tok, random_weights=True, embed_cache_dir=embed_cache_dir)
@@ -131,7 +140,8 @@ class OctoEngine:
 
     def statistics(self, key: str = UNNORM_KEY) -> dict:
         if key not in self.dataset_statistics:
-            raise OctoCheckpointError(f"dataset_statistics.json has no {key!r} (has {', '.join(self.dataset_statistics)})")
+            have = ", ".join(self.dataset_statistics)
+            raise OctoCheckpointError(f"dataset_statistics.json has no {key!r} (has {have})")
         return self.dataset_statistics[key]["action"]
 
     def unnormalize(self, actions, key: str = UNNORM_KEY) -> np.ndarray:

@@ -101,7 +101,9 @@ class T5Tokenizer:
     kind = "t5-sentencepiece"
 
     def __init__(self, spiece_path: str | Path, max_length: int = 16):
-        import sentencepiece as spm
+        from engines.optional import require
+
+        spm = require("sentencepiece", "jax")
 
         self.path = Path(spiece_path)
         self.sp = spm.SentencePieceProcessor(model_file=str(self.path))

@@ -37,6 +37,18 @@ def _hold(**_):
     return HoldPolicy()
 
 
+def _octo(model: str):
+    def factory(setup=None, **options):
+        from eval.policies.octo import OctoPolicy
+
+        return OctoPolicy(model=model, **options)
+
+    return factory
+
+
+OCTO_OPTIONS = ("checkpoint", "random_weights", "exec_horizon", "temporal_ensembling", "backend")
+
+
 def _bc_state(checkpoint=None, backend=None, **_):
     from eval.policies.bc_state import BCStatePolicy
 
@@ -48,6 +60,10 @@ MODELS: Mapping[str, ModelSpec] = MappingProxyType({
         ModelSpec("scripted", "reference", "state", _scripted, "scripted controller reading exact poses"),
         ModelSpec("random", "sanity", "state", _random, "uniform random actions"),
         ModelSpec("hold", "sanity", "state", _hold, "holds still, gripper open"),
+        ModelSpec("octo-small", "frozen", "cameras", _octo("octo-small"),
+                  "Octo 1.5 small (27M + t5-base), released weights, zero-shot", OCTO_OPTIONS),
+        ModelSpec("octo-base", "frozen", "cameras", _octo("octo-base"),
+                  "Octo 1.5 base (93M + t5-base), released weights, zero-shot", OCTO_OPTIONS),
         ModelSpec("bc-state", "adapted", "state", _bc_state, "MLP on exact state trained on scripted demos",
                   options=("checkpoint", "backend")),
     )

@@ -1,0 +1,284 @@
+"""Octo 1.5 (frozen track) as a closed-loop policy: the released model, zero-shot, on the scene's cameras.
+
+What the adapter does, step by step, as upstream's evaluation wrappers do
+(``octo/utils/gym_wrappers.py``):
+
+- **Images.** The third-person camera is the primary image, the wrist camera
+  the wrist image. Each is resized to the size the model takes (256x256 and
+  128x128, the cameras' own sizes, so the Lanczos resize is the identity; other
+  sizes use Pillow's Lanczos). The primary image (the one augmented with random
+  resized crops in training) is then cropped to the average crop, the centre
+  sqrt(0.9) of each side, and resized back bilinearly (``tf.image.crop_and_resize``
+  semantics), rounded to uint8. A missing camera (``None`` or absent) is
+  masked out of attention, which gives the readout upstream's model gives when
+  the image key is left out.
+- **History.** A window of 2 observations with the timestep pad mask: the first
+  query of a try sees the first observation twice, the copy masked.
+- **Chunks.** The model predicts 4 actions; ``exec_horizon`` of them (default
+  4, the whole chunk) are executed before the next query (receding horizon).
+  Temporal ensembling (``temporal_ensembling=True``, off by default as in the
+  published runs) queries every step and averages the predictions made for the
+  current step by the last 4 chunks (uniform weights, upstream's exp_weight 0).
+- **Unnormalisation.** With the ``bridge_dataset`` statistics (mean/std; the mask
+  leaves the gripper as output): Bridge's actions are delta end-effector
+  position (m) and roll-pitch-yaw (rad) in the robot base frame, with an
+  absolute gripper command 0..1 where 1 = open (upstream binarises Bridge's
+  gripper to 1 = open, 0 = closed; Fractal's is 1 = open too).
+- **Conversion to the scene's controller** (:func:`octo_to_scene`): the scene
+  takes normalised actions: ``action[:3] * 0.1 m`` is the end-effector
+  translation in the robot-base frame (world-aligned, x forward, y left, z up,
+  as Bridge's WidowX base frame), ``action[3:6] * 0.1 rad`` are angles (a, b, c)
+  composed as Rx(a) Ry(b) Rz(c) (ManiSkill's "XYZ" Euler convention, after the
+  scene's sign fix) and applied about world-aligned axes at the end effector,
+  norm clipped to 1; ``action[6]`` is +1 open, -1 close. Octo's rotation delta
+  is read as extrinsic roll-pitch-yaw (R = Rz(yaw) Ry(pitch) Rx(roll), the
+  convention of SimplerEnv's Octo/Bridge adapter) and re-expressed in the
+  scene's convention exactly; translation and angles are divided by 0.1 and
+  clipped; the gripper is +1 when Octo's command is above 0.5. One action is
+  applied per 50 ms control step (Bridge was recorded at 5 Hz: the same
+  displacement per step, four times as fast).
+- Proprioception is not used (Octo 1.5 has no proprio tokenizer).
+
+Latency: :meth:`OctoPolicy.query` records a time only for the steps that ran
+the model, so the records' ``infer_ms_*`` are milliseconds per model query.
+The first reset compiles the model (untimed).
+
+With ``random_weights`` the policy's ``note`` is "random weights: latency
+only, success meaningless"; reports should carry it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any, Mapping
+
+import numpy as np
+
+from eval.policies.base import Policy
+
+TRANSLATION_SCALE_M = 0.1
+ROTATION_SCALE_RAD = 0.1
+CAMERA_OF = {"primary": "third_person", "wrist": "wrist"}  # Octo image -> observation["images"] key
+AVG_CROP_SCALE, AVG_CROP_RATIO = 0.9, 1.0  # the mean of upstream's random_resized_crop (scale 0.8..1)
+AUGMENTED_KEYS = ("image_primary",)
+
+
+# ------------------------------------------------------------------ action conversion
+def _rx(a):
+    c, s = math.cos(a), math.sin(a)
+    return np.array([[1, 0, 0], [0, c, -s], [0, s, c]])
+
+
+def _ry(a):
+    c, s = math.cos(a), math.sin(a)
+    return np.array([[c, 0, s], [0, 1, 0], [-s, 0, c]])
+
+
+def _rz(a):
+    c, s = math.cos(a), math.sin(a)
+    return np.array([[c, -s, 0], [s, c, 0], [0, 0, 1]])
+
+
+def octo_rotation(rpy) -> np.ndarray:
+    """Rotation matrix of Octo's delta (roll, pitch, yaw): extrinsic x-y-z, R = Rz(yaw) Ry(pitch) Rx(roll)."""
+    r, p, y = (float(v) for v in rpy)
+    return _rz(y) @ _ry(p) @ _rx(r)
+
+
+def scene_angles(rot: np.ndarray) -> np.ndarray:
+    """(a, b, c) with Rx(a) Ry(b) Rz(c) = rot: the angles the scene's controller composes."""
+    b = math.asin(max(-1.0, min(1.0, rot[0, 2])))
+    a = math.atan2(-rot[1, 2], rot[2, 2])
+    c = math.atan2(-rot[0, 1], rot[0, 0])
+    return np.array([a, b, c])
+
+
+def octo_to_scene(action) -> np.ndarray:
+    """One unnormalised Octo action (dx, dy, dz [m], droll, dpitch, dyaw [rad], gripper 0..1 with 1 = open)
+    to the scene's normalised action (7,) float32 in [-1, 1]."""
+    a = np.asarray(action, np.float64)
+    pos = np.clip(a[:3] / TRANSLATION_SCALE_M, -1.0, 1.0)
+    rot = scene_angles(octo_rotation(a[3:6])) / ROTATION_SCALE_RAD
+    n = float(np.linalg.norm(rot))
+    if n > 1.0:
+        rot = rot / n
+    grip = 1.0 if a[6] > 0.5 else -1.0
+    return np.concatenate([pos, rot, [grip]]).astype(np.float32)
+
+
+# ------------------------------------------------------------------ image preprocessing
+def lanczos_resize(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Resize uint8 HxWx3 to (h, w); the identity at the same size (as tf.image.resize lanczos3 is)."""
+    if tuple(img.shape[:2]) == tuple(size):
+        return img
+    from PIL import Image
+
+    return np.asarray(Image.fromarray(img).resize((size[1], size[0]), Image.LANCZOS))
+
+
+def average_crop_box(scale: float = AVG_CROP_SCALE, ratio: float = AVG_CROP_RATIO) -> np.ndarray:
+    h = np.clip(np.sqrt(np.float32(scale / ratio)), 0, 1)
+    w = np.clip(np.sqrt(np.float32(scale * ratio)), 0, 1)
+    y0, x0 = (1 - h) / 2, (1 - w) / 2
+    return np.array([y0, x0, y0 + h, x0 + w], np.float32)
+
+
+def crop_and_resize(img: np.ndarray, box: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """``tf.image.crop_and_resize`` (bilinear, normalised box y1, x1, y2, x2) of one HxWxC image; float32."""
+    x = np.asarray(img, np.float32)
+    hgt, wid = x.shape[:2]
+    ch, cw = size
+    y1, x1, y2, x2 = (np.float32(v) for v in box)
+
+    def coords(c0, c1, n_in, n_out):
+        if n_out > 1:
+            return c0 * (n_in - 1) + np.arange(n_out, dtype=np.float32) * ((c1 - c0) * (n_in - 1) / (n_out - 1))
+        return np.full(1, 0.5 * (c0 + c1) * (n_in - 1), np.float32)
+
+    ys, xs = coords(y1, y2, hgt, ch).astype(np.float32), coords(x1, x2, wid, cw).astype(np.float32)
+    ys, xs = np.clip(ys, 0, hgt - 1), np.clip(xs, 0, wid - 1)  # the average crop is inside the image
+    top, left = np.floor(ys).astype(int), np.floor(xs).astype(int)
+    bottom, right = np.ceil(ys).astype(int), np.ceil(xs).astype(int)
+    yl, xl = (ys - top)[:, None, None], (xs - left)[None, :, None]
+    tl, tr = x[top][:, left], x[top][:, right]
+    bl, br = x[bottom][:, left], x[bottom][:, right]
+    t = tl + (tr - tl) * xl
+    b = bl + (br - bl) * xl
+    return t + (b - t) * yl
+
+
+def preprocess(img: np.ndarray, size: tuple[int, int], average_crop: bool) -> np.ndarray:
+    """Upstream ResizeImageWrapper: Lanczos resize, then (augmented images only) the average crop, uint8."""
+    img = np.asarray(img)
+    if img.dtype != np.uint8:
+        img = np.clip(np.round(img), 0, 255).astype(np.uint8)
+    img = lanczos_resize(img[..., :3], size)
+    if average_crop:
+        img = np.clip(np.round(crop_and_resize(img, average_crop_box(), size)), 0, 255).astype(np.uint8)
+    return img
+
+
+# ------------------------------------------------------------------ the policy
+class OctoPolicy(Policy):
+    """Octo 1.5 zero-shot on the scene's two cameras (frozen track, JAX backend)."""
+
+    track = "frozen"
+    observes = "cameras"
+    backend = "jax"
+
+    def __init__(self, model: str = "octo-small", checkpoint: str | None = None, random_weights: bool = False,
+                 exec_horizon: int | None = None, temporal_ensembling: bool = False, backend: str | None = None,
+                 unnorm_key: str | None = None, engine: Any = None, seed: int = 0, check_size: bool = True):
+        super().__init__()
+        from engines.optional import require
+
+        for module in ("jax", "flax", "sentencepiece"):
+            require(module, "jax")  # one line naming what to install
+        from engines.octo.engine import UNNORM_KEY, get_engine
+        from engines.octo.errors import OctoError
+
+        if backend not in (None, "jax"):
+            raise OctoError(f"backend {backend!r} is not available for {model} yet; valid: jax")
+        self.name = model
+        self.engine = engine if engine is not None else get_engine(
+            model, checkpoint=checkpoint, random_weights=random_weights, seed=seed, check_size=check_size)
+        cfg = self.engine.cfg
+        self.cfg = cfg
+        horizon = cfg.action_horizon
+        self.exec_horizon = int(exec_horizon) if exec_horizon else horizon
+        if not 1 <= self.exec_horizon <= horizon:
+            raise ValueError(f"--exec-horizon must be 1..{horizon} (the predicted chunk), got {exec_horizon}")
+        self.temporal_ensembling = bool(temporal_ensembling)
+        self.unnorm_key = unnorm_key or UNNORM_KEY
+        self.engine.statistics(self.unnorm_key)  # a missing key fails now, in one line
+        self.note = self.engine.note
+        self.model_queries = 0
+        self._warm = False
+        self._lang = None
+        self._rng = None
+        self._history: deque = deque(maxlen=cfg.window)
+        self._num_obs = 0
+        self._queue: list[np.ndarray] = []
+        self._chunks: deque = deque(maxlen=horizon)
+        self._ran_model = False
+        self.last_chunk: np.ndarray | None = None  # unnormalised Octo actions of the last query (horizon, dim)
+
+    # ------------------------------------------------------------ Policy interface
+    def reset(self, instruction: str, seed: int | None = None) -> None:
+        import jax
+
+        if not self._warm:
+            self.engine.warmup()
+            self._warm = True
+        self._lang = self.engine.embed(instruction)[None]
+        self._rng = jax.random.PRNGKey(int(seed or 0) % (2 ** 32))
+        self._history.clear()
+        self._num_obs = 0
+        self._queue = []
+        self._chunks.clear()
+
+    def act(self, observation: Mapping[str, Any]) -> np.ndarray:
+        if self._lang is None:
+            raise RuntimeError("OctoPolicy.act before reset")
+        self._ran_model = False
+        frame = self._frame(observation)
+        if self._num_obs == 0:
+            self._history.extend([frame] * self.cfg.window)
+        else:
+            self._history.append(frame)
+        self._num_obs += 1
+        if self.temporal_ensembling:
+            self._chunks.append(self._query())
+            n = len(self._chunks)
+            preds = np.stack([chunk[i] for i, chunk in zip(range(n - 1, -1, -1), self._chunks)])
+            return octo_to_scene(preds.mean(axis=0))
+        if not self._queue:
+            chunk = self._query()
+            self._queue = [octo_to_scene(a) for a in chunk[: self.exec_horizon]]
+        return self._queue.pop(0)
+
+    def query(self, observation: Mapping[str, Any]) -> np.ndarray:
+        """As :meth:`Policy.query`, but a latency is kept only for steps that ran the model."""
+        n = len(self.latencies_ms)
+        action = super().query(observation)
+        if not self._ran_model and len(self.latencies_ms) > n:
+            self.latencies_ms.pop()
+        return action
+
+    # ------------------------------------------------------------ internals
+    def _frame(self, observation: Mapping[str, Any]) -> dict[str, tuple[np.ndarray, float]]:
+        images = observation.get("images") or {}
+        frame = {}
+        for cam in self.cfg.cameras:
+            img = images.get(CAMERA_OF.get(cam.name, cam.name))
+            if img is None:
+                frame[cam.name] = (np.zeros((*cam.image_size, 3), np.uint8), 0.0)
+            else:  # upstream's ResizeImageWrapper crops only the keys augmented in training: image_primary
+                crop = cam.obs_key in AUGMENTED_KEYS
+                frame[cam.name] = (preprocess(img, cam.image_size, average_crop=crop), 1.0)
+        return frame
+
+    def model_inputs(self) -> tuple[list[np.ndarray], np.ndarray]:
+        """Images (one (1, W, H, W, 3) per camera) and masks (1, W, 1 + cameras) of the current history."""
+        w = self.cfg.window
+        hist = list(self._history)
+        images = [np.stack([f[c.name][0] for f in hist])[None] for c in self.cfg.cameras]
+        masks = np.zeros((1, w, 1 + len(self.cfg.cameras)), np.float32)
+        pad = w - min(self._num_obs, w)
+        masks[0, pad:, 0] = 1.0
+        for k, c in enumerate(self.cfg.cameras):
+            masks[0, :, 1 + k] = [f[c.name][1] for f in hist]
+        return images, masks
+
+    def _query(self) -> np.ndarray:
+        import jax
+
+        images, masks = self.model_inputs()
+        self._rng, key = jax.random.split(self._rng)
+        normalized = self.engine.predict(images, masks, self._lang, rng=key)[0]
+        chunk = self.engine.unnormalize(normalized, self.unnorm_key)
+        self.last_chunk = chunk
+        self.model_queries += 1
+        self._ran_model = True
+        return chunk
