@@ -54,7 +54,7 @@ from mani_skill.utils.structs.pose import Pose
 from mani_skill.utils.structs.types import SceneConfig, SimConfig
 
 from env import geometry
-from env.arms import ArmSpec, get_arm
+from env.arms import ArmSpec, check_assets, get_arm, register_agents
 from env.setups import Setup, get_setup
 from env.starts import DEFAULT_BLOCK_RGB, StartState, sample_start
 
@@ -204,6 +204,8 @@ class ShapeAssemblyEnv(BaseEnv):
     def __init__(self, *args, setup: str | Setup = "A01", arm: str = "panda", **kwargs):
         self.task_setup = setup if isinstance(setup, Setup) else get_setup(setup)
         self.arm: ArmSpec = get_arm(arm)
+        check_assets(self.arm)
+        register_agents()
         kwargs.setdefault("control_mode", "pd_ee_delta_pose")
         kwargs.setdefault("sim_backend", "physx_cpu")
         super().__init__(*args, robot_uids=self.arm.maniskill_uid, **kwargs)
@@ -469,7 +471,7 @@ class ShapeAssemblyEnv(BaseEnv):
         local_xy, yaw, bottom, speed = self._block_state()
         forces = self._finger_forces()
         arm_q = self.agent.robot.get_qpos()
-        opening = (arm_q[:, -2:].mean(dim=-1) / self.arm.gripper_open_qpos)
+        opening = self.arm.opening_from_qpos(arm_q)
         top = geometry.PLATE_TOP_Z
         own_dist = torch.linalg.norm(local_xy - self._cell_xy.unsqueeze(0), dim=-1)  # (b, 3)
         touched = (forces > CONTACT_EPS_N).any(dim=-1)
@@ -534,6 +536,7 @@ class ShapeAssemblyEnv(BaseEnv):
             # ManiSkill 3.0.1 scales the rotation part by rot_lower (-0.1), which turns it the wrong way;
             # flip it so that +yaw turns counter-clockwise about world z, as the action convention says
             action[:, 3:6] = -action[:, 3:6]
+            action[:, -1] = self.arm.gripper_command_to_action(action[:, -1])
         return super()._step_action(action if self.num_envs > 1 else action[0])
 
     def _after_control_step(self):
@@ -615,7 +618,7 @@ class ShapeAssemblyEnv(BaseEnv):
     # -------------------------------------------------------------- observation
     def task_state(self) -> dict[str, np.ndarray]:
         """Exact simulator state for reference and adapted policies (numpy, batch first)."""
-        tcp = self.agent.tcp_pose
+        tcp = self.arm.grasp_pose(self.agent.tcp_pose)  # on every arm: z along the approach, y along the closing
         board = self.board.pose
         cells = geometry.cell_centres()
         byaw = yaw_from_quat(board.q.cpu().numpy())
@@ -627,7 +630,7 @@ class ShapeAssemblyEnv(BaseEnv):
         qpos = self.agent.robot.get_qpos().cpu().numpy()
         return dict(
             tcp_p=tcp.p.cpu().numpy(), tcp_q=tcp.q.cpu().numpy(),
-            gripper_opening=self.arm.gripper_opening(qpos[:, -2:].mean(-1)),
+            gripper_opening=self.arm.opening_from_qpos(qpos),
             block_p=np.stack([self.blocks[s].pose.p.cpu().numpy() for s in geometry.SHAPES], 1),
             block_q=np.stack([self.blocks[s].pose.q.cpu().numpy() for s in geometry.SHAPES], 1),
             hole_xy=hole_xy, hole_yaw=np.repeat(byaw[:, None], 3, 1),

@@ -70,11 +70,14 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
                 raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
         if args.video < 0:
             raise ValueError(f"--video must be 0 or more, got {args.video}")
+        from env.arms import check_assets
+
+        check_assets(arm)
         options = model_options(args)
         extra = sorted(set(options) - set(spec.options))
         if extra:
             raise ValueError(f"{spec.name} takes no {', '.join('--' + o.replace('_', '-') for o in extra)}")
-    except (UnknownModelError, UnknownSetupError, UnknownArmError, ValueError) as e:
+    except (UnknownModelError, UnknownSetupError, UnknownArmError, ValueError, FileNotFoundError) as e:
         return _fail(str(e))
     except Exception as e:  # noqa: BLE001 - missing assets and the like: one line
         return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)

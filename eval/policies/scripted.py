@@ -186,7 +186,10 @@ class ScriptedPolicy(Policy):
 
         if self.phase == "insert":
             target_bottom = top_z - geometry.PLATE_TOP_Z - 0.01  # aim below the table: the table stops it
-            goal = np.array([tcp_p[0] + xy_err[0], tcp_p[1] + xy_err[1], tcp_p[2] + (target_bottom - bottom)])
+            step = FAST_STEP / 3 if bottom > top_z + 0.012 else SLOW_STEP
+            # limit the descent only: scaled down with it, the xy correction shrank to a few percent
+            dz = max(target_bottom - bottom, -step)
+            goal = np.array([tcp_p[0] + xy_err[0], tcp_p[1] + xy_err[1], tcp_p[2] + dz])
             self.stall = self.stall + 1 if bottom > self.last_bottom - 0.0003 else 0
             self.last_bottom = min(self.last_bottom, bottom)
             through = bottom <= top_z - 0.027 or bottom <= 0.002
@@ -194,8 +197,7 @@ class ScriptedPolicy(Policy):
                 self.phase, self.counter = "open", 0
             elif self.stall >= 8 and not through:  # jammed on the rim: back up and realign
                 self.phase = "carry"
-            step = FAST_STEP / 3 if bottom > top_z + 0.012 else SLOW_STEP
-            return self._action(s, goal, goal_angle, -1.0, step)
+            return self._action(s, goal, goal_angle, -1.0, FAST_STEP)
 
         if self.phase == "open":
             self.counter += 1
