@@ -22,6 +22,10 @@ class BCConfig:
     state_dim: int = 29
     action_dim: int = 7
     hidden: tuple[int, ...] = (256, 256, 256)
+    # millimetre-scale copies of the relative vectors (state indices 16..21: block - tcp, hole - block):
+    # normalised by their dataset spread (decimetres) a 0.5 mm misalignment would be invisible to the net
+    fine_slice: tuple[int, int] = (16, 22)
+    fine_scale_m: float = 0.004
 
 
 class BadCheckpointError(ValueError):
@@ -35,7 +39,8 @@ def build(config: BCConfig):
     class BCStateMLP(nn.Module):
         def __init__(self):
             super().__init__()
-            dims = (config.state_dim, *config.hidden)
+            lo, hi = config.fine_slice
+            dims = (config.state_dim + (hi - lo), *config.hidden)
             layers: list[nn.Module] = []
             for a, b in zip(dims[:-1], dims[1:]):
                 layers += [nn.Linear(a, b), nn.GELU()]
@@ -44,9 +49,16 @@ def build(config: BCConfig):
             self.register_buffer("obs_mean", torch.zeros(config.state_dim))
             self.register_buffer("obs_std", torch.ones(config.state_dim))
 
+        def raw(self, state):
+            """The network's output in the trained space: signed square roots of the action."""
+            lo, hi = config.fine_slice
+            fine = torch.tanh(state[:, lo:hi] / config.fine_scale_m)
+            return torch.tanh(self.net(torch.cat([(state - self.obs_mean) / self.obs_std, fine], -1)))
+
         def forward(self, state):
-            # normalisation inside the network, so the exported graph takes raw state
-            return torch.tanh(self.net((state - self.obs_mean) / self.obs_std))
+            # normalisation and the square are inside the network, so the exported graph maps raw state to action
+            r = self.raw(state)
+            return torch.sign(r) * r * r
 
     return BCStateMLP()
 
@@ -78,7 +90,11 @@ def load(path: str | Path = DEFAULT_WEIGHTS):
     if meta.get("format") != FORMAT:
         raise BadCheckpointError(f"{path} is not a bc-state checkpoint (format {meta.get('format')!r}, expected {FORMAT!r})")
     cfg_dict = json.loads(meta["config"])
-    config = BCConfig(**{**cfg_dict, "hidden": tuple(cfg_dict["hidden"])})
+    try:
+        config = BCConfig(**{**cfg_dict, "hidden": tuple(cfg_dict["hidden"]),
+                             "fine_slice": tuple(cfg_dict["fine_slice"])})
+    except (TypeError, KeyError) as e:
+        raise BadCheckpointError(f"{path} has a config this code does not know ({e})") from None
     if config.state_dim != BCConfig.state_dim or config.action_dim != BCConfig.action_dim:
         raise BadCheckpointError(f"{path} maps {config.state_dim} -> {config.action_dim} numbers; this code's state "
                                  f"has {BCConfig.state_dim} and its action {BCConfig.action_dim}")

@@ -47,6 +47,8 @@ def train(states, actions, *, seed=0, epochs=40, batch=512, lr=1e-3, val_fractio
     model = build(config)
     x = torch.as_tensor(states)
     y = torch.as_tensor(actions)
+    # trained on signed square roots: a 0.5 mm correction (action 0.005) weighs like 7 cm, not like 0.5 mm
+    y_raw = torch.sign(y) * torch.sqrt(torch.abs(y))
     model.obs_mean.copy_(x[tr].mean(0))
     model.obs_std.copy_(x[tr].std(0).clamp_min(1e-3))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
@@ -59,7 +61,7 @@ def train(states, actions, *, seed=0, epochs=40, batch=512, lr=1e-3, val_fractio
         total = 0.0
         for i in range(steps_per_epoch):
             idx = perm[i * batch:(i + 1) * batch]
-            loss = torch.nn.functional.mse_loss(model(x[idx]), y[idx])
+            loss = torch.nn.functional.mse_loss(model.raw(x[idx]), y_raw[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -67,7 +69,7 @@ def train(states, actions, *, seed=0, epochs=40, batch=512, lr=1e-3, val_fractio
             total += loss.item() * len(idx)
         model.eval()
         with torch.no_grad():
-            val_loss = float(torch.nn.functional.mse_loss(model(x[val]), y[val])) if n_val else float("nan")
+            val_loss = float(torch.nn.functional.mse_loss(model.raw(x[val]), y_raw[val])) if n_val else float("nan")
         history.append({"epoch": epoch + 1, "train_mse": total / len(tr), "val_mse": val_loss})
         log(f"epoch {epoch + 1}/{epochs}: train {total / len(tr):.5f}  val {val_loss:.5f}")
     return model, config, history
@@ -84,7 +86,7 @@ def plot_history(history, path) -> None:
     ax.semilogy(ep, [h["train_mse"] for h in history], label="train")
     ax.semilogy(ep, [h["val_mse"] for h in history], label="validation (held-out steps)")
     ax.set_xlabel("epoch")
-    ax.set_ylabel("action MSE")
+    ax.set_ylabel("MSE of signed sqrt(action)")
     ax.set_title("bc-state training")
     ax.legend()
     fig.tight_layout()

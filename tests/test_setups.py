@@ -175,7 +175,9 @@ def test_appearance_and_viewpoint_change_images_only(setup_id, physics_twin, dev
     img, state = _render(rgb_envs(setup_id), start)
     img_twin, state_twin = _render(rgb_envs(physics_twin), plain)
     for key in state:
-        np.testing.assert_array_equal(state[key], state_twin[key], err_msg=key)
+        # scenes are reused between tests, and PhysX's warm-start caches then differ in the last bits
+        # (3e-8 m seen): equal to a micrometre is "identical" for a block; a colour never moves one that far
+        np.testing.assert_allclose(state[key], state_twin[key], atol=1e-6, rtol=0, err_msg=key)
     changed = np.mean(np.abs(img - img_twin).sum(-1) > 30)
     assert changed > 0.005, (setup_id, changed)  # blocks are small in view: a colour swap changes ~2%
     if setup_id == "E03":
