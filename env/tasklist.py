@@ -42,7 +42,7 @@ from env.starts import SPLITS, StartState, derive_seed, sample_start
 
 VERSION = "v1"
 # tries per setup, for every setup in SETUPS (30 scored + the full-board ones)
-TRIES_PER_SETUP: Mapping[str, int] = MappingProxyType({"train": 100, "dev": 10, "test": 50, "confirm": 50})
+TRIES_PER_SETUP: Mapping[str, int] = MappingProxyType({"train": 100, "dev": 20, "test": 50, "confirm": 50})
 TASKLIST_ROOT = Path(__file__).resolve().parent / "tasklists"
 LOCK_NAME = "LOCK.json"
 _CMD = "python -m env.tasklist"

@@ -26,7 +26,7 @@ def derived():
 
 
 def test_sizes_table():
-    assert dict(tasklist.TRIES_PER_SETUP) == {"train": 100, "dev": 10, "test": 50, "confirm": 50}
+    assert dict(tasklist.TRIES_PER_SETUP) == {"train": 100, "dev": 20, "test": 50, "confirm": 50}
     assert len(SETUPS) == 33 and len(SCORED_IDS) == 30 and FULL_BOARD_IDS == ("FB01", "FB02", "FB03")
 
 
