@@ -34,8 +34,9 @@ def test_build_is_deterministic(derived):
     entries, data = derived["dev"]
     again = tasklist.serialise(tasklist.build("dev"))
     assert tasklist.sha256_hex(again) == tasklist.sha256_hex(data)
-    assert len(entries) == 10 * len(SETUPS)
-    assert [(e["setup"], e["try"]) for e in entries] == [(s, i) for s in SETUPS for i in range(10)]
+    n = tasklist.TRIES_PER_SETUP["dev"]
+    assert len(entries) == n * len(SETUPS)
+    assert [(e["setup"], e["try"]) for e in entries] == [(s, i) for s in SETUPS for i in range(n)]
 
 
 def test_splits_are_seed_disjoint(derived):
