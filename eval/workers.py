@@ -5,6 +5,8 @@ itself, so records are written in one place and a killed run loses at most the
 tries in flight. Every control step of a worker stamps a shared heartbeat; a
 worker whose heartbeat is older than ``step_timeout_s`` is killed, its try is
 recorded as failed with the flag ``sim_hang``, and a fresh worker takes over.
+Starting a worker and building a scene are not steps: they get their own,
+longer limit, so a heavily loaded machine does not turn slow imports into hangs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 STEP_TIMEOUT_S = 120.0  # one control step (policy query + physics) taking longer than this is a hang
+SETUP_TIMEOUT_S = 900.0  # starting a worker or building a scene: slow under load, but not a step
 _POLL_S = 0.2
 
 
@@ -56,7 +59,6 @@ def _worker_main(worker_id, model, split, arm, video_dir, options, jobs, results
             job = jobs.get()
             if job is None:
                 break
-            beat()
             spec = get_model(model)
             obs_mode = "rgb" if (job.video or spec.observes == "cameras") else "state"
             key = (job.setup, obs_mode)
@@ -68,6 +70,7 @@ def _worker_main(worker_id, model, split, arm, video_dir, options, jobs, results
                 policy_cache.clear()
                 policy_cache[job.setup] = spec.factory(setup=get_setup(job.setup), **options)
             policy = policy_cache[job.setup]
+            beat()  # from here on the watchdog times control steps
             video_path = os.path.join(video_dir, f"{job.setup}_try{job.try_index:03d}.mp4") if job.video else None
             try:
                 record = run_try(envs[key], policy, job.setup, split, job.try_index, tasklist=tasklist,
@@ -101,7 +104,7 @@ class WorkerPool:
         heartbeat = self.ctx.Value("d", time.monotonic())
         proc = self.ctx.Process(target=_worker_main, args=(wid, *self.args, jobs, self.results, heartbeat), daemon=True)
         proc.start()
-        self.workers[wid] = {"proc": proc, "jobs": jobs, "heartbeat": heartbeat, "job": None}
+        self.workers[wid] = {"proc": proc, "jobs": jobs, "heartbeat": heartbeat, "job": None, "since": 0.0}
         return wid
 
     def run(self, jobs: list[Job], hang_record: Callable[[Job], dict]) -> Iterator[tuple[Job, dict]]:
@@ -126,7 +129,8 @@ class WorkerPool:
         w = self.workers[wid]
         if pending:
             w["job"] = pending.pop(0)
-            w["heartbeat"].value = time.monotonic()
+            w["heartbeat"].value = 0.0  # setting up (imports, scene); the worker stamps its first step
+            w["since"] = time.monotonic()
             w["jobs"].put(w["job"])
 
     def _check_hangs(self, pending: list[Job], hang_record) -> Iterator[tuple[Job, dict]]:
@@ -138,7 +142,10 @@ class WorkerPool:
                 self.close()
                 raise WorkerError(f"worker {wid} died (exit code {w['proc'].exitcode}) during "
                                   f"{w['job'].setup} try {w['job'].try_index}")
-            if now - w["heartbeat"].value > self.step_timeout_s:
+            beat = w["heartbeat"].value
+            stepping_hung = beat > 0 and now - beat > self.step_timeout_s
+            setup_hung = beat == 0 and now - w["since"] > SETUP_TIMEOUT_S
+            if stepping_hung or setup_hung:
                 job = w["job"]
                 w["proc"].kill()
                 w["proc"].join()
