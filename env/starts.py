@@ -177,7 +177,7 @@ def _unit(rng: np.random.Generator) -> np.ndarray:
     return np.array([np.cos(a), np.sin(a)])
 
 
-def _draw_appearance(setup: Setup, rng: np.random.Generator, active: list[str]) -> dict:
+def _draw_appearance(setup: Setup, rng: np.random.Generator) -> dict:
     colors = None
     if setup.random_colors:
         colors = {part: tuple(float(c) for c in rng.uniform(0.05, 0.95, 3)) for part in PART_NAMES}
@@ -236,7 +236,7 @@ def sample_start(setup: Setup, rng: np.random.Generator, max_attempts: int = 100
     return StartState(
         target, tuple(blocks), float(board_xy[0]), float(board_xy[1]), board_yaw,
         distractors=tuple(distractors), shove_velocity=shove, nudge=nudge,
-        **_draw_appearance(setup, rng, active),
+        **_draw_appearance(setup, rng),
     )
 
 

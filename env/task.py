@@ -349,7 +349,6 @@ class ShapeAssemblyEnv(BaseEnv):
             self._target_mask = torch.tensor(
                 [[st.target in ("all", s) and any(x.shape == s for x in st.blocks) for s in geometry.SHAPES] for st in starts]
             )
-            self._full_board = torch.tensor([st.target == "all" for st in starts])
         self.instructions = [
             INSTRUCTION_FULL_BOARD if st.target == "all" else INSTRUCTION.format(shape=st.target) for st in starts
         ]
