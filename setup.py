@@ -32,13 +32,16 @@ setup(
     ],
     extras_require={
         "sim": ["mani-skill==3.0.1", "sapien==3.0.3"],
-        "export": ["onnx", "onnxruntime"],
+        # jax2onnx exports the JAX Octo graphs (engines.octo.export); 0.17 is the version checked here
+        "export": ["onnx", "onnxruntime", "jax2onnx>=0.17,<0.18"],
         # TensorRT is not installed from PyPI here: on Jetson it comes with
         # JetPack, on x86 from NVIDIA's pip index (see README). Kept as an
         # (empty) extra so `pip install -e .[trt]` is a valid spelling.
         "trt": [],
-        "jetson": ["jetson-stats"],
+        "jetson": ["jetson-stats", "nvidia-ml-py"],
         "jax": ["jax", "flax", "orbax-checkpoint", "sentencepiece", "msgpack"],
+        # eval.run --executor ray: plain ray is enough (ray[default] only adds the dashboard); checked with 2.60
+        "ray": ["ray>=2.9"],
         "dev": ["pytest", "pytest-timeout"],
     },
 )

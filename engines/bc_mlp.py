@@ -1,4 +1,4 @@
-"""bc-state: an MLP from the 29-number state (eval.state_features) to the 7-D normalised action.
+"""bc-state: an MLP from the 32-number state (eval.state_features) to the 7-D normalised action.
 
 Weights and the observation normalisation live in one safetensors file; its
 metadata holds the format tag and the architecture, so a file that does not
@@ -13,19 +13,19 @@ from pathlib import Path
 
 import numpy as np
 
-FORMAT = "shape-assembly-bench/bc-state/1"
+FORMAT = "shape-assembly-bench/bc-state/2"
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "bc_state.safetensors"
 
 
 @dataclass(frozen=True)
 class BCConfig:
-    state_dim: int = 29
+    state_dim: int = 32
     action_dim: int = 7
     hidden: tuple[int, ...] = (256, 256, 256)
-    # millimetre-scale copies of the relative vectors (state indices 16..21: block - tcp, hole - block):
-    # normalised by their dataset spread (decimetres) a 0.5 mm misalignment would be invisible to the net
-    fine_slice: tuple[int, int] = (16, 22)
-    fine_scale_m: float = 0.004
+    # fine-scale copies, tanh(x / scale), of (first, end, scale) state slices: the relative vectors 16..21 at
+    # 4 mm and the gripper tilt and yaw error 29..31 at 0.02 rad. Normalised by their dataset spread
+    # (decimetres, tenths of a radian) a 0.5 mm or 0.5 degree misalignment would be invisible to the net
+    fine: tuple[tuple[int, int, float], ...] = ((16, 22, 0.004), (29, 32, 0.02))
 
 
 class BadCheckpointError(ValueError):
@@ -39,8 +39,7 @@ def build(config: BCConfig):
     class BCStateMLP(nn.Module):
         def __init__(self):
             super().__init__()
-            lo, hi = config.fine_slice
-            dims = (config.state_dim + (hi - lo), *config.hidden)
+            dims = (config.state_dim + sum(hi - lo for lo, hi, _ in config.fine), *config.hidden)
             layers: list[nn.Module] = []
             for a, b in zip(dims[:-1], dims[1:]):
                 layers += [nn.Linear(a, b), nn.GELU()]
@@ -51,9 +50,8 @@ def build(config: BCConfig):
 
         def raw(self, state):
             """The network's output in the trained space: signed square roots of the action."""
-            lo, hi = config.fine_slice
-            fine = torch.tanh(state[:, lo:hi] / config.fine_scale_m)
-            return torch.tanh(self.net(torch.cat([(state - self.obs_mean) / self.obs_std, fine], -1)))
+            fine = [torch.tanh(state[:, lo:hi] / scale) for lo, hi, scale in config.fine]
+            return torch.tanh(self.net(torch.cat([(state - self.obs_mean) / self.obs_std, *fine], -1)))
 
         def forward(self, state):
             # normalisation and the square are inside the network, so the exported graph maps raw state to action
@@ -92,7 +90,7 @@ def load(path: str | Path = DEFAULT_WEIGHTS):
     cfg_dict = json.loads(meta["config"])
     try:
         config = BCConfig(**{**cfg_dict, "hidden": tuple(cfg_dict["hidden"]),
-                             "fine_slice": tuple(cfg_dict["fine_slice"])})
+                             "fine": tuple(tuple(f) for f in cfg_dict["fine"])})
     except (TypeError, KeyError) as e:
         raise BadCheckpointError(f"{path} has a config this code does not know ({e})") from None
     if config.state_dim != BCConfig.state_dim or config.action_dim != BCConfig.action_dim:
@@ -120,7 +118,7 @@ def load(path: str | Path = DEFAULT_WEIGHTS):
 
 
 def export_onnx(model, config: BCConfig, path: str | Path, source: str = "") -> Path:
-    """ONNX with a dynamic batch: input ``state`` (N, 29) float32, output ``action`` (N, 7)."""
+    """ONNX with a dynamic batch: input ``state`` (N, 32) float32, output ``action`` (N, 7)."""
     import torch
 
     from engines.onnx_utils import check_onnx_file, set_metadata

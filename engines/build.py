@@ -2,9 +2,13 @@
 
     python -m engines.build            # what `make engines` runs
     python -m engines.build --precisions fp32,fp16 --batch-max 8
+    python -m engines.build --models octo-small --checkpoint-octo-small ~/octo-small-1.5
 
 Prints a table of what was built, where, and why anything was skipped.
-Outputs go to build/engines/ (ignored by git).
+Outputs go to build/engines/ (ignored by git). Octo (octo-small, octo-base) is
+exported from a checkpoint when one is given (--checkpoint-octo-small DIR),
+else from seeded random weights of the exact architecture, marked latency-only
+in the table and in the ONNX metadata. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -16,51 +20,105 @@ from pathlib import Path
 OUT = Path("build/engines")
 
 
-def _bc_state_onnx(out: Path) -> tuple[str, str]:
+def _bc_state_onnx(out: Path, args) -> list[tuple[str, Path, str]]:
     from engines.bc_mlp import DEFAULT_WEIGHTS, export_onnx, load
     from engines.onnx_utils import sha256_file
 
     if not DEFAULT_WEIGHTS.exists():
-        return "skipped", f"no weights at {DEFAULT_WEIGHTS}; train them with: python -m eval.train_bc"
+        raise Skipped(f"no weights at {DEFAULT_WEIGHTS}; train them with: python -m eval.train_bc")
     model, config, _ = load(DEFAULT_WEIGHTS)
     path = export_onnx(model, config, out / "bc_state.onnx", source=f"{DEFAULT_WEIGHTS.name} sha256 "
                        f"{sha256_file(DEFAULT_WEIGHTS)[:16]}")
-    return "built", str(path)
+    return [("onnx", path, "")]
 
 
-EXPORTS = {"bc-state": _bc_state_onnx}
+def _octo_onnx(model: str):
+    def export(out: Path, args) -> list[tuple[str, Path, str]]:
+        from engines.optional import require
+
+        for module in ("jax", "jax2onnx", "onnx"):
+            require(module, "jax" if module == "jax" else "export")
+        from engines.octo.checkpoint import load, resolve
+        from engines.octo.config import PRESETS
+        from engines.octo.export import export_octo, file_stem
+        from engines.octo.params import init_params
+
+        checkpoint = getattr(args, f"checkpoint_{model.replace('-', '_')}")
+        if checkpoint:  # a given checkpoint must load; its errors are one line
+            c = load(resolve(model, checkpoint), model=model, expect=PRESETS[model]())
+            cfg, params, source, random = c.config, c.params, c.identity, False
+        else:
+            cfg = PRESETS[model]()
+            params = init_params(cfg, args.seed, with_t5=False)
+            source, random = f"random-weights:{model}:seed{args.seed}", True
+        onnx = export_octo(cfg, params, out, file_stem(model), source=source, random_weights=random, progress=True)
+        note = " (random weights: latency only)" if random else ""
+        return [("onnx backbone", onnx.backbone, note), ("onnx sampler", onnx.sampler, note)]
+
+    return export
+
+
+class Skipped(Exception):
+    """An artifact this machine cannot or need not build; the message is the reason shown."""
+
+
+EXPORTS = {"bc-state": _bc_state_onnx, "octo-small": _octo_onnx("octo-small"), "octo-base": _octo_onnx("octo-base")}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m engines.build", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(OUT))
+    p.add_argument("--models", default=",".join(EXPORTS), help=f"comma-separated, of: {', '.join(EXPORTS)}")
     p.add_argument("--precisions", default="fp32,fp16", help="TensorRT precisions (fp32, fp16, int8, fp8)")
     p.add_argument("--batch-max", type=int, default=1, help="largest batch of the optimisation profile")
+    p.add_argument("--checkpoint-octo-small", metavar="DIR", help="octo-small-1.5 checkpoint (default: random "
+                   "weights, latency only)")
+    p.add_argument("--checkpoint-octo-base", metavar="DIR", help="octo-base-1.5 checkpoint (default: random weights)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     args = p.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in models if m not in EXPORTS]
+    if unknown:
+        print(f"error: unknown model {', '.join(unknown)}; valid: {', '.join(EXPORTS)}", file=sys.stderr)
+        return 2
+    if args.batch_max < 1:
+        print(f"error: --batch-max must be at least 1, got {args.batch_max}", file=sys.stderr)
+        return 2
     from engines import trt
 
+    precisions = [x for x in args.precisions.split(",") if x]
+    bad = [x for x in precisions if x not in trt.PRECISIONS]
+    if bad:
+        print(f"error: unknown precision {', '.join(bad)}; valid: {', '.join(trt.PRECISIONS)}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for name, export in EXPORTS.items():
+    reason = trt.unavailable_reason()
+    for name in models:
         try:
-            status, where = export(out)
-        except Exception as e:  # noqa: BLE001 - reported in the table, the run goes on
-            status, where = "failed", str(e).splitlines()[0]
-        rows.append((name, "onnx", status, where))
-        if status != "built":
+            built = EXPORTS[name](out, args)
+        except Skipped as e:
+            rows.append((name, "onnx", "skipped", str(e)))
             continue
-        reason = trt.unavailable_reason()
-        for precision in args.precisions.split(","):
-            if reason:
-                rows.append((name, f"tensorrt {precision}", "skipped", reason))
-                continue
-            try:
-                engine = trt.build_engine(where, out, name.replace("-", "_"), precision, args.batch_max,
-                                          timing_cache=out / "timing.cache")
-                rows.append((name, f"tensorrt {precision}", "built", str(engine)))
-            except Exception as e:  # noqa: BLE001
-                rows.append((name, f"tensorrt {precision}", "failed", str(e).splitlines()[0]))
+        except Exception as e:  # noqa: BLE001 - reported in the table, the run goes on
+            rows.append((name, "onnx", "failed", (str(e).strip().splitlines() or [type(e).__name__])[0]))
+            continue
+        for artifact, path, note in built:
+            rows.append((name, artifact, "built", f"{path}{note}"))
+        for artifact, path, _ in built:
+            part = artifact.removeprefix("onnx").strip()
+            for precision in precisions:
+                label = f"tensorrt {precision}" + (f" {part}" if part else "")
+                if reason:
+                    rows.append((name, label, "skipped", reason))
+                    continue
+                try:
+                    engine = trt.build_engine(path, out, path.stem, precision, args.batch_max,
+                                              timing_cache=out / "timing.cache")
+                    rows.append((name, label, "built", str(engine)))
+                except Exception as e:  # noqa: BLE001
+                    rows.append((name, label, "failed", (str(e).strip().splitlines() or [type(e).__name__])[0]))
     width = [max(len(r[i]) for r in rows + [("model", "artifact", "status", "where / why")]) for i in range(3)]
     print(f"{'model':<{width[0]}}  {'artifact':<{width[1]}}  {'status':<{width[2]}}  where / why")
     for r in rows:

@@ -9,12 +9,16 @@ from types import ModuleType
 OPTIONAL = {
     "onnx": "pip install -e '.[export]'",
     "onnxruntime": "pip install -e '.[export]'",
+    "jax2onnx": "pip install -e '.[export]'",
     "jax": "pip install -e '.[jax]'",
     "flax": "pip install -e '.[jax]'",
     "tensorrt": "JetPack ships it on Jetson; on x86: pip install tensorrt (NVIDIA's index)",
     "cuda": "pip install cuda-python",
+    "cuda.cudart": "pip install cuda-python",
+    "cuda.bindings": "pip install cuda-python",
     "jtop": "pip install -e '.[jetson]'",
     "pynvml": "pip install nvidia-ml-py",
+    "ray": "pip install -e '.[ray]'",
 }
 
 

@@ -134,6 +134,8 @@ def build_engine(onnx_path: str | Path, out_dir: str | Path, name: str, precisio
         errs = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise BadModelFileError(f"TensorRT cannot parse {onnx_path}: {errs}")
     config = builder.create_builder_config()
+    if precision == "fp32" and hasattr(trt.BuilderFlag, "TF32"):
+        config.clear_flag(trt.BuilderFlag.TF32)  # TF32 is on by default (Ampere+); fp32 should mean fp32
     if precision == "fp16":
         config.set_flag(trt.BuilderFlag.FP16)
     elif precision == "int8":

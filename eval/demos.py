@@ -1,12 +1,27 @@
-"""Record demonstrations of the scripted reference on the train split, for bc-state.
+"""Record scripted-reference demonstrations on the train split, for bc-state.
 
-    python -m eval.demos --tries 60 --out data/demos_train.h5
+    python -m eval.demos --tries 40 --noise 0.05 --out data/demos_train.h5                  # expert, perturbed
+    python -m eval.demos --tries 30 --first-try 40 --learner W.safetensors --out data/dagger1.h5   # DAgger
 
-One HDF5 file: ``states`` (N, 29) float32 and ``actions`` (N, 7) float32, the
+One HDF5 file: ``states`` (N, 32) float32 and ``actions`` (N, 7) float32, the
 per-step pairs of every try in order, and an ``episodes`` table (setup, try,
 seed, success, start, length) giving the boundaries. Only the train split's
-starts are used (never dev, test or confirm); failed tries are kept in the file
-with success = 0 and left out of training.
+starts are used (never dev, test or confirm).
+
+The label is always the scripted reference's action for the state reached. What
+is executed can differ, so that the data covers the states a learned policy
+drifts into, not only the reference's own path:
+
+* ``--noise S``: the reference's action plus Gaussian noise (S per motion unit,
+  seeded by the try) is executed (DART, Laskey et al. 2017);
+* ``--learner W``: the bc-state weights W act and the reference, run alongside
+  on the same observations, only labels (DAgger, Ross et al. 2011); ``--beta``
+  is the share of steps on which the reference acts instead.
+
+Files whose executed actions were the labels themselves (no noise, no learner)
+are marked ``relabeled = 0``: training then uses their successful tries only.
+Otherwise every step is used (``relabeled = 1``): the labels are right even
+where the executed try went wrong.
 """
 
 from __future__ import annotations
@@ -18,57 +33,95 @@ import time
 
 import numpy as np
 
-from env.setups import SCORED_IDS, resolve_setups
+from env.setups import resolve_setups
+from eval.state_features import VERSION
+
+NOISE_SEED_OFFSET = 7_919  # the noise stream of a try differs from its start's stream
 
 
 def _record_setup(job):
-    """Worker: every try of one setup; returns (setup, [(try, seed, success, states, actions)])."""
+    """Worker: the given tries of one setup; returns (setup, [(try, seed, success, states, actions)])."""
     import torch
 
     torch.set_num_threads(1)
     from env import make_env
     from env.setups import get_setup
     from env.tasklist import load
-    from eval.policies.scripted import ScriptedPolicy
+    from eval.policies.scripted import POS_SCALE, ROT_SCALE, PENDING_REACH, ScriptedPolicy
     from eval.runner import observation_for
     from eval.state_features import state_vector
 
-    setup_id, tries = job
+    setup_id, tries, noise, learner_path, beta = job
     tl = load("train")
     setup = get_setup(setup_id)
     env = make_env(setup_id, obs_mode="state")
+    learner = None
+    if learner_path:
+        from eval.policies.bc_state import BCStatePolicy
+
+        learner = BCStatePolicy(weights=learner_path, backend="torch")
     out = []
     try:
         for t in tries:
-            policy = ScriptedPolicy(clearance=setup.clearance_m, latency_steps=setup.latency_steps)
-            obs, _ = env.reset(seed=tl.seed(setup_id, t), options={"start": tl.start(setup_id, t)})
-            policy.reset(env.unwrapped.instructions[0])
+            seed = tl.seed(setup_id, t)
+            rng = np.random.default_rng(seed + NOISE_SEED_OFFSET)
+            expert = ScriptedPolicy(clearance=setup.clearance_m, latency_steps=setup.latency_steps)
+            # a fresh scene per try, as in eval.run: the recording does not depend on the order of tries
+            obs, _ = env.reset(seed=seed, options={"start": tl.start(setup_id, t), "reconfigure": True})
+            expert.reset(env.unwrapped.instructions[0])
             states, actions = [], []
             while True:
-                o = observation_for(policy, env, obs)
-                action = policy.query(o)
+                o = observation_for(expert, env, obs)
+                label = expert.act(o)
+                executed = label
+                if learner is not None and rng.random() >= beta:
+                    executed = learner.act(o)
+                if noise > 0:
+                    executed = executed.copy()
+                    executed[:6] = np.clip(executed[:6] + rng.normal(0.0, noise, 6), -1.0, 1.0)
+                if expert.latency_steps and executed is not label:
+                    # the reference's latency predictor must count what was really sent, not its own wish
+                    expert.pending[-1] = (executed[:3] * POS_SCALE,
+                                          _rotation(PENDING_REACH * executed[3:6] * ROT_SCALE))
                 states.append(state_vector(o["state"]))
-                actions.append(action)
-                obs, _, term, trunc, info = env.step(action)
+                actions.append(label)
+                obs, _, term, trunc, info = env.step(executed)
                 if bool(term[0]) or bool(trunc[0]):
                     break
-            out.append((t, tl.seed(setup_id, t), bool(info["success"][0]), np.stack(states), np.stack(actions)))
+            out.append((t, seed, bool(info["success"][0]), np.stack(states), np.stack(actions)))
     finally:
         env.close()
     return setup_id, out
 
 
+def _rotation(rotvec):
+    from scipy.spatial.transform import Rotation
+
+    return Rotation.from_rotvec(rotvec)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m eval.demos", description=__doc__.split("\n\n")[0])
     p.add_argument("--setups", default="all", help="setups to record (default: the 30 scored)")
-    p.add_argument("--tries", type=int, default=60, help="train-split tries per setup (at most 100)")
+    p.add_argument("--tries", type=int, default=60, help="train-split tries per setup")
+    p.add_argument("--first-try", type=int, default=0, help="first train-split try of each setup")
+    p.add_argument("--noise", type=float, default=0.0, help="std of the noise added to executed motion actions")
+    p.add_argument("--learner", default=None, help="bc-state weights that act while the reference labels (DAgger)")
+    p.add_argument("--beta", type=float, default=0.0, help="with --learner: share of steps the reference acts")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--out", required=True, help="HDF5 file to write")
     args = p.parse_args(argv)
     try:
         setups = resolve_setups(args.setups)
-        if not 1 <= args.tries <= 100:
-            raise ValueError(f"--tries must be 1..100 (the train list has 100 per setup), got {args.tries}")
+        if args.tries < 1 or args.first_try < 0 or args.first_try + args.tries > 100:
+            raise ValueError(f"tries {args.first_try}..{args.first_try + args.tries - 1} are outside the train "
+                             "list's 0..99 per setup")
+        if args.noise < 0 or not 0 <= args.beta <= 1:
+            raise ValueError("--noise must be >= 0 and --beta in [0, 1]")
+        if args.learner:
+            from engines.bc_mlp import load
+
+            load(args.learner)  # one clear line now rather than in every worker
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -77,7 +130,9 @@ def main(argv=None) -> int:
 
     # split each setup in chunks so that both workers stay busy to the end
     chunk = max(1, args.tries // 4)
-    jobs = [(s, list(range(i, min(i + chunk, args.tries)))) for s in setups for i in range(0, args.tries, chunk)]
+    span = range(args.first_try, args.first_try + args.tries)
+    jobs = [(s, list(span[i:i + chunk]), args.noise, args.learner, args.beta)
+            for s in setups for i in range(0, args.tries, chunk)]
     t0 = time.monotonic()
     results: dict[str, list] = {s: [] for s in setups}
     with mp.get_context("spawn").Pool(args.workers) as pool, tqdm(total=len(setups) * args.tries, unit="try") as bar:
@@ -99,9 +154,14 @@ def main(argv=None) -> int:
         f.create_dataset("actions", data=np.concatenate(actions), compression="gzip")
         f.create_dataset("episodes", data=episodes)
         f.attrs["split"] = "train"
+        f.attrs["first_try"] = args.first_try
         f.attrs["tries_per_setup"] = args.tries
         f.attrs["policy"] = "scripted"
-        f.attrs["state"] = "eval.state_features v1 (29 numbers)"
+        f.attrs["noise"] = args.noise
+        f.attrs["learner"] = args.learner or ""
+        f.attrs["beta"] = args.beta
+        f.attrs["relabeled"] = int(bool(args.learner) or args.noise > 0)
+        f.attrs["state"] = VERSION
     ok = int(episodes["success"].sum())
     print(f"wrote {args.out}: {len(episodes)} tries ({ok} successful), {start} steps, "
           f"in {time.monotonic() - t0:.0f} s")

@@ -62,7 +62,7 @@ __all__ = [
     "main",
 ]
 
-FLAG_NAMES = ("wrong_hole", "rim", "penetration", "dropped")
+FLAG_NAMES = ("wrong_hole", "rim", "penetration", "dropped", "sim_hang", "actor_died")
 REQUIRED_FIELDS = ("setup", "try", "success")
 N_WEAKEST = 3
 RANKED_TRACKS = {"frozen": "yes", "reference": "no", "sanity": "no", "adapted": "no"}
@@ -621,6 +621,8 @@ def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | 
            (s["secondary"]["latency_ms"] or {}).get("p50") is None for s in summaries.values()):
         L += ["Inference percentiles are n/a where the records hold only per-try means (no `infer_ms` lists).", ""]
 
+    L += _latency_section(summaries)
+
     # Full board
     if any(s["full_board"] for s in summaries.values()):
         L += ["## Full-board task (separate, not in S or M)", "",
@@ -659,9 +661,82 @@ def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | 
     return "\n".join(L).rstrip() + "\n"
 
 
+def _latency_section(summaries: Mapping[str, dict]) -> list[str]:
+    """Latency profile: query percentiles without warm-up, warm-up apart, time per control step by stage,
+    and the device and telemetry where a run recorded them (eval.orin)."""
+    have = {n: s for n, s in summaries.items()
+            if (s["secondary"].get("step_ms") or (s["secondary"]["latency_ms"] or {}).get("p50") is not None)}
+    if not have:
+        return []
+    L = ["## Latency profile", "",
+         "Per policy query, warm-up queries (the first queries of each fresh policy object: compilation, "
+         "caches) excluded and shown apart. Histogram: latency.png.", ""]
+    rows = []
+    for n, s in have.items():
+        lat = s["secondary"]["latency_ms"] or {}
+        warm = s["secondary"].get("warmup_ms") or {}
+        rows.append([n, str(lat.get("count", 0)), _num(lat.get("mean"), ".3g"), _num(lat.get("p50"), ".3g"),
+                     _num(lat.get("p90"), ".3g"), _num(lat.get("p99"), ".3g"), _num(lat.get("max"), ".3g"),
+                     f"{warm.get('count', 0)} ({_num(warm.get('mean'), '.3g')} mean)" if warm else "0",
+                     _machine_short(s["machine"])])
+    L += _table(["Model", "Queries", "Mean ms", "p50", "p90", "p99", "Max", "Warm-up queries", "Machine"], rows,
+                ["l"] + ["r"] * 7 + ["l"])
+    L.append("")
+    steps = {n: s["secondary"]["step_ms"] for n, s in have.items() if s["secondary"].get("step_ms")}
+    if steps:
+        from eval.runner import STAGES
+
+        L += ["Time per control step by stage, ms (share of the step). observe: observation taken from the "
+              "scene; preprocess / inference / postprocess: the policy query; physics: action and simulation "
+              "substeps; render: sensors and observation; other: success evaluation and bookkeeping.", ""]
+        rows = []
+        for n, st in steps.items():
+            total = st["total"] or 1.0
+            rows.append([n] + [f"{_num(st.get(k, 0.0), '.3g')} ({100 * st.get(k, 0.0) / total:.0f}%)"
+                               for k in STAGES] + [_num(st["total"], ".3g"), str(st["steps"])])
+        L += _table(["Model", *STAGES, "Total", "Steps"], rows, ["l"] + ["r"] * (len(STAGES) + 2))
+        L.append("")
+    for n, s in have.items():
+        dev = s.get("device")
+        if dev:
+            L += [f"Device ({n}): " + "; ".join(f"{k} {_val(v)}" for k, v in dev.items() if v not in (None, "")), ""]
+        prof = s.get("profile")
+        if prof:
+            L += [f"Backend ({n}): {prof.get('backend')} ({prof.get('backend_reason')})", ""]
+        tel = s.get("telemetry")
+        if tel is not None:
+            lines = tel.get("lines") or [tel.get("reason") or "telemetry unavailable"]
+            L += [f"Telemetry ({n}):", ""] + [f"    {line}" for line in lines] + [""]
+    return L
+
+
 # --------------------------------------------------------------------------
 # Plots
 # --------------------------------------------------------------------------
+def plot_latency(queries_ms: Mapping[str, Sequence[float]], path: str | Path) -> None:
+    """Histogram of per-query latency (log-spaced bins) per model, p50 and p99 marked."""
+    fig = _new_figure(7.0, 3.8)
+    ax = fig.add_subplot(1, 1, 1)
+    allv = np.concatenate([np.asarray(v, float) for v in queries_ms.values() if len(v)])
+    lo, hi = max(allv.min(), 1e-4), max(allv.max(), 1e-3)
+    bins = np.geomspace(lo * 0.95, hi * 1.05, 60)
+    for i, (n, v) in enumerate(queries_ms.items()):
+        if not len(v):
+            continue
+        v = np.asarray(v, float)
+        ax.hist(v, bins=bins, histtype="step", color=f"C{i % 10}", label=f"{n} ({len(v)} queries)")
+        for q, ls in ((50, "-"), (99, "--")):
+            ax.axvline(np.percentile(v, q), color=f"C{i % 10}", ls=ls, lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("ms per query (solid: p50, dashed: p99)")
+    ax.set_ylabel("queries")
+    ax.set_title("Policy query latency, warm-up excluded", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(str(path))
+
+
+
 def _new_figure(w: float, h: float):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -792,11 +867,12 @@ def _csv_rows(name: str, s: dict) -> list[list[Any]]:
 
 
 def write_report(tries_paths: Sequence[str | Path], out_dir: str | Path, *, names: Sequence[str] | None = None,
-                 n_boot: int = 5000, seed: int = 0) -> dict:
+                 n_boot: int = 5000, seed: int = 0, extra: Mapping[str, Any] | None = None) -> dict:
     """Write summary.json, per_config.csv, REPORT.md, groups.png and heatmap.png
     into ``out_dir`` for one model per tries file.  Returns what summary.json
     holds.  ``names`` (one per file) override the model names, which else come
-    from the records' ``model`` field or the file's parent folder."""
+    from the records' ``model`` field or the file's parent folder. ``extra`` (device, telemetry, profile:
+    what eval.orin measured beside the records) is added to every model's summary."""
     paths = [Path(p) for p in tries_paths]
     if not paths:
         raise ReportError("no tries file given")
@@ -830,6 +906,7 @@ def write_report(tries_paths: Sequence[str | Path], out_dir: str | Path, *, name
         except ReportError as e:
             raise ReportError(f"{p}: {e}") from None
         summaries[n]["source"] = str(p)
+        summaries[n].update(extra or {})
         sources[n] = str(p)
 
     paired: dict[str, dict] = {}
@@ -855,6 +932,10 @@ def write_report(tries_paths: Sequence[str | Path], out_dir: str | Path, *, name
     (out / "REPORT.md").write_text(render_markdown(summaries, paired, sources), encoding="utf-8")
     plot_groups(summaries, out / "groups.png")
     plot_heatmap(summaries, out / "heatmap.png")
+    queries = {n: [float(v) for r in _split_records(recs)[0] if isinstance(r.get("infer_ms"), list)
+                   for v in r["infer_ms"]] for n, recs in zip(model_names, records)}
+    if any(queries.values()):
+        plot_latency(queries, out / "latency.png")
     return result
 
 

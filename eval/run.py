@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from env.arms import ARMS, UnknownArmError, get_arm
 from env.setups import UnknownSetupError, resolve_setups
@@ -32,6 +33,14 @@ def build_parser(prog: str = "python -m eval.run", description: str | None = Non
     p.add_argument("--video", type=int, default=0, metavar="K", help="mp4 of the first K tries of each setup")
     p.add_argument("--step-timeout", type=float, default=None,
                    help="seconds one control step may take before the watchdog flags the try sim_hang")
+    x = p.add_argument_group("executor (where the tries run)")
+    x.add_argument("--executor", choices=EXECUTORS, default="local",
+                   help="local: worker processes on this machine; ray: actors of a Ray cluster "
+                        "(pip install -e '.[ray]'), --workers of them")
+    x.add_argument("--address", help="Ray cluster to connect to (e.g. auto or HOST:6379); default: a local "
+                   "instance, or $RAY_ADDRESS (ray only)")
+    x.add_argument("--gpus-per-actor", type=float, default=0.0, metavar="G",
+                   help="GPUs each Ray actor declares, e.g. 1 or 0.5, for GPU policies (ray only; default 0)")
     m = p.add_argument_group("model options (only for models that take them)")
     m.add_argument("--checkpoint", help="checkpoint directory in the model's released layout")
     m.add_argument("--random-weights", action="store_true", help="the exact architecture with seeded random "
@@ -39,12 +48,15 @@ def build_parser(prog: str = "python -m eval.run", description: str | None = Non
     m.add_argument("--exec-horizon", type=int, help="actions executed per query from a predicted chunk")
     m.add_argument("--temporal-ensembling", action="store_true", help="average overlapping action chunks")
     m.add_argument("--backend", help="runtime backend of the model (jax, ort, trt)")
+    m.add_argument("--replay-latency", metavar="FILE", help="delay every action by a latency drawn from a measured "
+                   "profile (a tries.jsonl with infer_ms): what a device's latency does to success")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--fresh", action="store_true", help="discard what OUT holds and start over")
     return p
 
 
-MODEL_OPTIONS = ("checkpoint", "random_weights", "exec_horizon", "temporal_ensembling", "backend")
+EXECUTORS = ("local", "ray")
+MODEL_OPTIONS = ("checkpoint", "random_weights", "exec_horizon", "temporal_ensembling", "backend", "replay_latency")
 
 
 def model_options(args: argparse.Namespace) -> dict:
@@ -70,14 +82,27 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
                 raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
         if args.video < 0:
             raise ValueError(f"--video must be 0 or more, got {args.video}")
+        if args.executor != "ray" and (args.address or args.gpus_per_actor):
+            raise ValueError("--address and --gpus-per-actor need --executor ray")
+        if args.gpus_per_actor < 0:
+            raise ValueError(f"--gpus-per-actor must be 0 or more, got {args.gpus_per_actor:g}")
+        if args.executor == "ray":
+            from eval.ray_executor import require_ray
+
+            require_ray()  # before any work: one line naming the extra when ray is missing
         from env.arms import check_assets
 
         check_assets(arm)
         options = model_options(args)
+        if args.replay_latency:
+            from eval.latency_replay import load_profile
+
+            load_profile(args.replay_latency)  # a bad profile fails here in one line, not in every worker
+            options["replay_latency"] = str(Path(args.replay_latency).resolve())
         extra = sorted(set(options) - set(spec.options))
         if extra:
             raise ValueError(f"{spec.name} takes no {', '.join('--' + o.replace('_', '-') for o in extra)}")
-    except (UnknownModelError, UnknownSetupError, UnknownArmError, ValueError, FileNotFoundError) as e:
+    except (UnknownModelError, UnknownSetupError, UnknownArmError, ValueError, FileNotFoundError, ImportError) as e:
         return _fail(str(e))
     except Exception as e:  # noqa: BLE001 - missing assets and the like: one line
         return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
@@ -110,14 +135,29 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         (out / "videos").mkdir(exist_ok=True)
     t0 = time.monotonic()
     if todo:
+        def failed(job, flag="sim_hang"):  # a try that could not finish: sim_hang, or actor_died (ray)
+            return hang_record(cfg, tasklist, job.setup, job.try_index, flag=flag)
+
+        n_workers = min(args.workers, len(todo))
+        step_timeout = args.step_timeout or STEP_TIMEOUT_S
+        try:
+            if args.executor == "ray":
+                from eval.ray_executor import RayPool
+
+                pool = RayPool(n_workers, spec.name, args.split, arm.name, str(out / "videos"), options,
+                               step_timeout_s=step_timeout, address=args.address,
+                               gpus_per_actor=args.gpus_per_actor)
+            else:
+                pool = WorkerPool(n_workers, spec.name, args.split, arm.name, str(out / "videos"), options,
+                                  step_timeout_s=step_timeout)
+        except WorkerError as e:
+            return _fail(str(e))
         log = TryLog(out / "tries.jsonl")
-        pool = WorkerPool(min(args.workers, len(todo)), spec.name, args.split, arm.name, str(out / "videos"),
-                          options, step_timeout_s=args.step_timeout or STEP_TIMEOUT_S)
         successes = n_new = 0
         bar = tqdm(total=len(plan), initial=len(plan) - len(todo), unit="try", desc=spec.name, smoothing=0.05)
         failure = None
         try:
-            for job, record in pool.run(todo, lambda job: hang_record(cfg, tasklist, job.setup, job.try_index)):
+            for job, record in pool.run(todo, failed):
                 record.update(model=spec.name, track=spec.track, arm=arm.name)
                 log.append(record)
                 successes += bool(record["success"])
@@ -138,7 +178,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
 
     summary = write_report([out / "tries.jsonl"], out)
     summary["run"] = {"planned": len(plan), "wall_s_this_session": round(time.monotonic() - t0, 1),
-                      "workers": args.workers}
+                      "workers": args.workers, "executor": args.executor}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     scored = [s for s in setups if not s.startswith("FB")]
     n = sum(v["n"] for v in summary["setups"].values()) + sum(v["n"] for v in summary.get("full_board", {}).values())

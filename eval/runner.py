@@ -148,22 +148,92 @@ def observation_for(policy, env, obs) -> dict[str, Any]:
     }
 
 
+STAGES = ("observe", "preprocess", "inference", "postprocess", "physics", "render", "other")
+
+
+class StepProfile:
+    """Where a try's control steps spend their time, summed per stage (ms).
+
+    observe: the policy's observation taken from the scene (frames copied out); preprocess, inference,
+    postprocess: the policy query as the policy times its stages (a policy that times none counts wholly
+    as inference); physics: the scene's action and simulation substeps; render: sensor capture and
+    observation; other: success evaluation, bookkeeping, video. The loop's own time is measured too, so
+    the stages add up to the wall time of the steps.
+    """
+
+    def __init__(self, env):
+        self.u = env.unwrapped
+        self.ms = dict.fromkeys(STAGES, 0.0)
+        self._inner = {"physics": 0.0, "render": 0.0}
+        self._patched = []
+        self._last_end: float | None = None
+        for attr, stage in (("_step_action", "physics"), ("get_obs", "render")):
+            self._patch(attr, stage)
+
+    def _patch(self, attr: str, stage: str) -> None:
+        original = getattr(self.u, attr)
+        inner = self._inner
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                inner[stage] += (time.perf_counter() - t0) * 1e3
+
+        setattr(self.u, attr, timed)  # an instance attribute shadows the method; close() removes it
+        self._patched.append(attr)
+
+    def add_step(self, t_start: float, t_obs: float, t_query: float, t_end: float, stage_ms: dict) -> None:
+        if self._last_end is not None:  # the loop's bookkeeping between two steps
+            self.ms["other"] += (t_start - self._last_end) * 1e3
+        self._last_end = t_end
+        self.ms["observe"] += (t_obs - t_start) * 1e3
+        query = (t_query - t_obs) * 1e3
+        pre, post = stage_ms.get("preprocess", 0.0), stage_ms.get("postprocess", 0.0)
+        inference = stage_ms.get("inference", query - pre - post)
+        self.ms["preprocess"] += pre
+        self.ms["inference"] += inference
+        self.ms["postprocess"] += post
+        step = (t_end - t_query) * 1e3
+        physics, render = self._inner["physics"], self._inner["render"]
+        self._inner["physics"] = self._inner["render"] = 0.0
+        self.ms["physics"] += physics
+        self.ms["render"] += render
+        self.ms["other"] += max(0.0, step - physics - render) + max(0.0, query - pre - post - inference)
+
+    def close(self) -> None:
+        for attr in self._patched:
+            self.u.__dict__.pop(attr, None)
+        self._patched = []
+
+    def totals(self) -> dict[str, float]:
+        return {k: round(v, 3) for k, v in self.ms.items()}
+
+
 def run_try(env, policy, setup_id: str, split: str, try_index: int, tasklist=None,
-            on_step=None, video_path: str | None = None) -> dict[str, Any]:
+            on_step=None, video_path: str | None = None, fresh_scene: bool = True) -> dict[str, Any]:
     """One try from its start to success or the step limit.
 
     The start comes from the locked ``tasklist`` when given (as every benchmark run does), else it is
     drawn from the try's seed (tests, quick experiments).
+
+    ``fresh_scene`` rebuilds the physics scene before the try (about 0.2 s on CPU): PhysX keeps contact
+    and solver warm-start caches across a plain reset, so a try's outcome would otherwise depend on which
+    tries the same worker ran before it (measured: up to 6 steps on G02), and a resumed or re-sharded run
+    would not reproduce an uninterrupted one.
     """
     if tasklist is not None:
         seed, start = tasklist.seed(setup_id, try_index), tasklist.start(setup_id, try_index)
     else:
         seed = derive_seed(split, setup_id, try_index)
         start = sample_start(get_setup(setup_id), np.random.default_rng(seed))
-    obs, info = env.reset(seed=seed, options={"start": start})
+    obs, info = env.reset(seed=seed, options={"start": start, "reconfigure": fresh_scene})
     u = env.unwrapped
     policy.reset(u.instructions[0], seed=seed)
     policy.latencies_ms = []
+    policy.warmup_ms = []
+    profile = StepProfile(env)
     t0 = time.monotonic()
     steps, success, rim = 0, False, False
     flags: set[str] = set()
@@ -173,24 +243,32 @@ def run_try(env, policy, setup_id: str, split: str, try_index: int, tasklist=Non
         from eval.video import TryVideo
 
         video = TryVideo(video_path)
-    while True:
-        action = policy.query(observation_for(policy, env, obs))
-        obs, _, terminated, truncated, info = env.step(action)
-        steps += 1
-        if on_step is not None:
-            on_step()
-        if video is not None:
-            sensors = obs["sensor_data"]
-            video.add(sensors["third_person"]["rgb"][0].cpu().numpy(),
-                      sensors[u.arm.wrist_camera_uid]["rgb"][0].cpu().numpy(), steps, info)
-        for name in ("wrong_hole", "penetration", "dropped"):
-            if bool(info[name][0]):
-                flags.add(name)
-        rim = bool(info["rim"][0])
-        blocks_inserted = int(info["blocks_inserted"][0])
-        success = bool(info["success"][0])
-        if success or bool(terminated[0]) or bool(truncated[0]):
-            break
+    try:
+        while True:
+            t_step = time.perf_counter()
+            observation = observation_for(policy, env, obs)
+            t_obs = time.perf_counter()
+            action = policy.query(observation)
+            t_query = time.perf_counter()
+            obs, _, terminated, truncated, info = env.step(action)
+            profile.add_step(t_step, t_obs, t_query, time.perf_counter(), policy.stage_ms)
+            steps += 1
+            if on_step is not None:
+                on_step()
+            if video is not None:
+                sensors = obs["sensor_data"]
+                video.add(sensors["third_person"]["rgb"][0].cpu().numpy(),
+                          sensors[u.arm.wrist_camera_uid]["rgb"][0].cpu().numpy(), steps, info)
+            for name in ("wrong_hole", "penetration", "dropped"):
+                if bool(info[name][0]):
+                    flags.add(name)
+            rim = bool(info["rim"][0])
+            blocks_inserted = int(info["blocks_inserted"][0])
+            success = bool(info["success"][0])
+            if success or bool(terminated[0]) or bool(truncated[0]):
+                break
+    finally:
+        profile.close()
     if video is not None:
         video.write()
     if rim and not success:
@@ -220,16 +298,21 @@ def run_try(env, policy, setup_id: str, split: str, try_index: int, tasklist=Non
         "machine": machine_info(),
         "wall_s": round(time.monotonic() - t0, 3),
         "infer_ms_mean": round(float(np.mean(lat)), 4) if lat else None,
-        "infer_queries": len(lat),
+        "infer_queries": len(lat) + len(policy.warmup_ms),  # all queries; infer_ms holds those after warm-up
         "infer_ms_p99": round(float(np.percentile(lat, 99)), 4) if lat else None,
+        "infer_ms": [float(f"{x:.3g}") for x in lat],  # every query, 3 significant digits: run percentiles
+        "warmup_ms": [float(f"{x:.3g}") for x in policy.warmup_ms],  # a fresh policy's first queries
+        "step_ms": profile.totals(),
     }
 
 
-def hang_record(cfg: RunConfig, tasklist, setup_id: str, try_index: int) -> dict[str, Any]:
-    """Record of a try the watchdog stopped: failed, flagged ``sim_hang``."""
+def hang_record(cfg: RunConfig, tasklist, setup_id: str, try_index: int, flag: str = "sim_hang") -> dict[str, Any]:
+    """Record of a try that could not finish: failed, flagged ``sim_hang`` (the watchdog stopped it) or
+    ``actor_died`` (its Ray actor died twice)."""
     return {
         "v": RECORD_VERSION, "setup": setup_id, "try": try_index, "seed": tasklist.seed(setup_id, try_index),
-        "split": cfg.split, "success": False, "flags": ["sim_hang"], "dropped": False, "steps": None,
+        "split": cfg.split, "success": False, "flags": [flag], "dropped": False, "steps": None,
         "time_s": None, "disturbance": get_setup(setup_id).disturbance, "disturbance_fired": False,
         "tasklist_sha256": tasklist.sha256, "machine": machine_info(), "infer_queries": 0, "infer_ms_mean": None,
+        "infer_ms": [],
     }

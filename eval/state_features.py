@@ -1,4 +1,4 @@
-"""The fixed state observation of the adapted track (bc-state): 29 numbers, no camera input.
+"""The fixed state observation of the adapted track (bc-state): 32 numbers, no camera input.
 
 Built from ``ShapeAssemblyEnv.task_state()`` for one scene. Angles enter as
 cosine/sine pairs of multiples that remove the symmetries, so that equivalent
@@ -20,6 +20,11 @@ base is at x = -0.615, the table top is z = 0).
 | 23 | grasped | 1 when both fingers hold the target block |
 | 24-26 | shape | one-hot circle, square, triangle |
 | 27-28 | hole_yaw_cs | cos, sin of the board's yaw |
+| 29-30 | tcp_tilt | x, y of the rotation vector (rad, world frame) that turns the gripper back to pointing straight down |
+| 31 | yaw_err | the shortest block yaw (rad) that matches the hole modulo the shape's symmetry, 0 for the circle |
+
+Version 2 added 29-31: without the tilt a learned policy cannot see (so cannot undo) a gripper pushed off
+vertical, and cos/sin of n x yaw fold large yaw errors onto small ones.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ import numpy as np
 
 from env import geometry
 
-STATE_DIM = 29
+STATE_DIM = 32
+VERSION = "eval.state_features v2 (32 numbers)"
 _ORDER = {"circle": 1, "square": 4, "triangle": 3}
 
 
@@ -46,6 +52,15 @@ def _rotation(q: np.ndarray) -> np.ndarray:
         [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
         [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
     ])
+
+
+def tilt_rotvec(rot: np.ndarray) -> np.ndarray:
+    """Rotation vector (world frame) taking the gripper to pointing down with the same closing direction."""
+    approach = rot[:, 2]
+    down = np.array([0.0, 0.0, -1.0])
+    axis = np.cross(approach, down)
+    s, c = np.linalg.norm(axis), float(np.dot(approach, down))
+    return axis / s * np.arctan2(s, c) if s > 1e-9 else np.zeros(3)
 
 
 def target_index(state: Mapping[str, np.ndarray]) -> int:
@@ -80,6 +95,7 @@ def state_vector(state: Mapping[str, np.ndarray]) -> np.ndarray:
         bp, [np.cos(n * dyaw), np.sin(n * dyaw)], [np.cos(4 * (closing - byaw)), np.sin(4 * (closing - byaw))],
         hole, bp - state["tcp_p"], [hole[0] - bp[0], hole[1] - bp[1], hole[2] - bottom], [tilt],
         [float(state["is_grasped"])], onehot, [np.cos(hole_yaw), np.sin(hole_yaw)],
+        tilt_rotvec(rot)[:2], [geometry.yaw_error(shape, byaw, hole_yaw)],
     ]).astype(np.float32)
     assert v.shape == (STATE_DIM,)
     return v

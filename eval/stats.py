@@ -373,6 +373,11 @@ def secondary(records: Iterable[Mapping]) -> dict:
       ``infer_queries`` still enter the (query-weighted) mean and the count,
       but then the percentiles and max are ``None`` (they cannot be
       recovered from means).  ``None`` when no record carries latency.
+      Warm-up queries (``warmup_ms``: a fresh policy's first queries) are
+      not in it; ``warmup_ms`` summarises them (count, mean, max).
+    * ``step_ms``: mean ms per control step by stage (``step_ms`` totals of
+      the records over their ``steps``), plus ``total``; ``None`` when no
+      record carries it.
     """
     records = list(records)
 
@@ -420,11 +425,30 @@ def secondary(records: Iterable[Mapping]) -> dict:
     else:
         latency = None
 
+    warm = [float(v) for r in records for v in (r.get("warmup_ms") or ())]
+    warmup = {"count": len(warm), "mean": float(np.mean(warm)), "max": float(np.max(warm))} if warm else None
+
+    stage_sum: dict[str, float] = {}
+    stage_steps = 0
+    for r in records:
+        st = r.get("step_ms")
+        if isinstance(st, Mapping) and r.get("steps"):
+            stage_steps += int(r["steps"])
+            for k, v in st.items():
+                stage_sum[k] = stage_sum.get(k, 0.0) + float(v)
+    step_ms = None
+    if stage_steps:
+        step_ms = {k: v / stage_steps for k, v in stage_sum.items()}
+        step_ms["total"] = sum(stage_sum.values()) / stage_steps
+        step_ms["steps"] = stage_steps
+
     return {
         "recovery": recovery,
         "dropped": dropped,
         "mean_completion_s": mean_completion_s,
         "latency_ms": latency,
+        "warmup_ms": warmup,
+        "step_ms": step_ms,
     }
 
 

@@ -20,15 +20,30 @@ import numpy as np
 from engines.bc_mlp import DEFAULT_WEIGHTS, BCConfig, build, save
 
 
+class DemoFileError(ValueError):
+    """A demonstration file this code cannot train on (one line)."""
+
+
 def load_demos(path: str):
-    """States and actions of the successful episodes, plus the episode table."""
+    """States and actions to train on, plus the episode table.
+
+    Pure demonstrations (``relabeled = 0``) give their successful tries only; relabeled files (perturbed or
+    DAgger runs, labelled by the reference at every state) give every step.
+    """
     import h5py
 
+    from eval.state_features import VERSION
+
     with h5py.File(path, "r") as f:
+        version = f.attrs.get("state", "")
+        if version != VERSION:
+            raise DemoFileError(f"{path} holds states of {version or 'an unknown version'!r}, this code uses "
+                                f"{VERSION!r}; record them again with python -m eval.demos")
         states, actions, episodes = f["states"][:], f["actions"][:], f["episodes"][:]
+        relabeled = bool(f.attrs.get("relabeled", 0))
     keep = np.zeros(len(states), dtype=bool)
     for e in episodes:
-        if e["success"]:
+        if e["success"] or relabeled:
             keep[e["start"]:e["start"] + e["length"]] = True
     return states[keep], actions[keep], episodes
 
@@ -95,31 +110,42 @@ def plot_history(history, path) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m eval.train_bc", description=__doc__.split("\n\n")[0])
-    p.add_argument("--demos", required=True, help="HDF5 file from python -m eval.demos")
+    p.add_argument("--demos", required=True, nargs="+", help="HDF5 files from python -m eval.demos")
     p.add_argument("--out", default=str(DEFAULT_WEIGHTS), help="weights file (safetensors)")
     p.add_argument("--report-dir", default="results/bc_state/training", help="loss curve and training.json")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=40)
     args = p.parse_args(argv)
-    if not Path(args.demos).is_file():
-        print(f"error: demonstrations {args.demos} do not exist; record them with: python -m eval.demos --out {args.demos}",
-              file=sys.stderr)
-        return 2
+    for path in args.demos:
+        if not Path(path).is_file():
+            print(f"error: demonstrations {path} do not exist; record them with: python -m eval.demos --out {path}",
+                  file=sys.stderr)
+            return 2
     t0 = time.monotonic()
-    states, actions, episodes = load_demos(args.demos)
-    n_ok = int(episodes["success"].sum())
-    print(f"{len(states)} state-action pairs from {n_ok} successful demonstrations (of {len(episodes)})")
+    parts = []
+    try:
+        for path in args.demos:
+            parts.append(load_demos(path))
+    except DemoFileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    states = np.concatenate([p[0] for p in parts])
+    actions = np.concatenate([p[1] for p in parts])
+    n_tries = sum(len(p[2]) for p in parts)
+    n_ok = sum(int(p[2]["success"].sum()) for p in parts)
+    print(f"{len(states)} state-action pairs from {n_tries} recorded tries ({n_ok} successful) in "
+          f"{len(args.demos)} file(s)")
     model, config, history = train(states, actions, seed=args.seed, epochs=args.epochs)
     elapsed = time.monotonic() - t0
     save(model, config, args.out, extra={"seed": args.seed, "epochs": args.epochs, "pairs": len(states),
-                                         "demos": n_ok})
+                                         "tries": n_tries})
     report = Path(args.report_dir)
     report.mkdir(parents=True, exist_ok=True)
     plot_history(history, report / "loss.png")
     from eval.runner import machine_info
 
     (report / "training.json").write_text(json.dumps({
-        "demos_file": str(args.demos), "tries_recorded": len(episodes), "successful_demos": n_ok,
+        "demos_files": [str(d) for d in args.demos], "tries_recorded": n_tries, "successful_tries": n_ok,
         "pairs": len(states), "epochs": args.epochs, "seed": args.seed, "train_seconds": round(elapsed, 1),
         "final": history[-1], "machine": machine_info(), "weights": str(args.out),
     }, indent=1) + "\n")

@@ -7,6 +7,9 @@ worker whose heartbeat is older than ``step_timeout_s`` is killed, its try is
 recorded as failed with the flag ``sim_hang``, and a fresh worker takes over.
 Starting a worker and building a scene are not steps: they get their own,
 longer limit, so a heavily loaded machine does not turn slow imports into hangs.
+
+What a worker owns and does per try is :class:`TryWorker`, shared with the Ray actors of
+:mod:`eval.ray_executor`, so both executors run a try the same way.
 """
 
 from __future__ import annotations
@@ -31,26 +34,74 @@ class Job:
     video: bool = False
 
 
+def video_file(job: Job) -> str:
+    """File name of a try's video (under the run's videos/ folder)."""
+    return f"{job.setup}_try{job.try_index:03d}.mp4"
+
+
 class WorkerError(RuntimeError):
     """A worker stopped the run: bad action, bad model, or an unexpected exception (one line)."""
 
 
+class TryWorker:
+    """What one worker owns, whatever runs it (a local process or a Ray actor): the scenes of its current
+    setup (state and, when asked, camera observations), the policy for that setup, and the task list.
+
+    ``run`` runs one job and returns its record; ``on_step`` is called after every control step (the
+    watchdog's heartbeat). A bad action raises :class:`eval.policies.base.BadActionError`.
+    """
+
+    def __init__(self, model: str, split: str, arm: str, options: dict | None = None):
+        import torch
+
+        torch.set_num_threads(1)  # one core per worker: W workers on W cores, no oversubscription
+        from env.tasklist import load
+
+        self.model, self.split, self.arm, self.options = model, split, arm, dict(options or {})
+        self.tasklist = load(split)
+        self.envs: dict[tuple[str, str], object] = {}
+        self.policy_cache: dict[str, object] = {}
+
+    def prepare(self, job: Job):
+        """(env, policy) for the job: scenes and policy are built when the setup changes, kept otherwise."""
+        from env import make_env
+        from env.setups import get_setup
+        from eval.policies import get_model
+
+        spec = get_model(self.model)
+        obs_mode = "rgb" if (job.video or spec.observes == "cameras") else "state"
+        key = (job.setup, obs_mode)
+        if key not in self.envs:
+            for k in [k for k in self.envs if k[0] != job.setup]:
+                self.envs.pop(k).close()
+            self.envs[key] = make_env(job.setup, arm=self.arm, obs_mode=obs_mode)
+        if job.setup not in self.policy_cache:
+            self.policy_cache.clear()
+            self.policy_cache[job.setup] = spec.factory(setup=get_setup(job.setup), **self.options)
+        return self.envs[key], self.policy_cache[job.setup]
+
+    def run(self, job: Job, on_step: Callable[[], None] | None = None, video_path: str | None = None) -> dict:
+        from eval.runner import run_try
+
+        env, policy = self.prepare(job)
+        if on_step is not None:
+            on_step()  # from here on the watchdog times control steps
+        return run_try(env, policy, job.setup, self.split, job.try_index, tasklist=self.tasklist,
+                       on_step=on_step, video_path=video_path if job.video else None)
+
+    def close(self) -> None:
+        for env in self.envs.values():
+            env.close()
+        self.envs.clear()
+        self.policy_cache.clear()
+
+
 def _worker_main(worker_id, model, split, arm, video_dir, options, jobs, results, heartbeat):
     """Loop of one worker process: run jobs until a None job arrives."""
-    import torch
-
-    torch.set_num_threads(1)  # one core per worker: W workers on W cores, no oversubscription
-    from env import make_env
-    from env.setups import get_setup
-    from env.tasklist import load
-    from eval.policies import get_model
     from eval.policies.base import BadActionError
-    from eval.runner import run_try
 
     try:
-        tasklist = load(split)
-        envs: dict[tuple[str, str], object] = {}
-        policy_cache: dict[str, object] = {}
+        worker = TryWorker(model, split, arm, options)
 
         def beat():
             heartbeat.value = time.monotonic()
@@ -59,28 +110,14 @@ def _worker_main(worker_id, model, split, arm, video_dir, options, jobs, results
             job = jobs.get()
             if job is None:
                 break
-            spec = get_model(model)
-            obs_mode = "rgb" if (job.video or spec.observes == "cameras") else "state"
-            key = (job.setup, obs_mode)
-            if key not in envs:
-                for k in [k for k in envs if k[0] != job.setup]:
-                    envs.pop(k).close()
-                envs[key] = make_env(job.setup, arm=arm, obs_mode=obs_mode)
-            if job.setup not in policy_cache:
-                policy_cache.clear()
-                policy_cache[job.setup] = spec.factory(setup=get_setup(job.setup), **options)
-            policy = policy_cache[job.setup]
-            beat()  # from here on the watchdog times control steps
-            video_path = os.path.join(video_dir, f"{job.setup}_try{job.try_index:03d}.mp4") if job.video else None
+            video_path = os.path.join(video_dir, video_file(job)) if job.video else None
             try:
-                record = run_try(envs[key], policy, job.setup, split, job.try_index, tasklist=tasklist,
-                                 on_step=beat, video_path=video_path)
+                record = worker.run(job, on_step=beat, video_path=video_path)
             except BadActionError as e:
                 results.put(("error", worker_id, job, f"{job.setup} try {job.try_index}: {e}"))
                 return
             results.put(("record", worker_id, job, record))
-        for env in envs.values():
-            env.close()
+        worker.close()
     except Exception as e:  # noqa: BLE001 - reported to the parent as one line, with the trace for debugging
         results.put(("error", worker_id, None, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 

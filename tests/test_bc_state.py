@@ -123,3 +123,55 @@ def test_onnx_export_matches_torch_and_the_policy_backends_agree(trained, tmp_pa
     a_torch = BCStatePolicy(path, backend="torch").query(obs)
     assert a_ort.shape == (7,)
     np.testing.assert_allclose(a_ort, a_torch, rtol=1e-4, atol=1e-5)
+
+
+def test_tilt_and_yaw_error_features():
+    from env import geometry
+    from eval.policies.scripted import _top_down
+    from scipy.spatial.transform import Rotation
+
+    v = state_vector(_state(block_yaw=0.3))
+    np.testing.assert_allclose(v[29:31], 0.0, atol=1e-6)  # pointing straight down
+    assert v[31] == pytest.approx(geometry.yaw_error("square", 0.3, 0.0), abs=1e-6)
+    s = _state()
+    tilted = Rotation.from_rotvec([0.05, 0.0, 0.0]) * _top_down(0.2)
+    q = tilted.as_quat()
+    s["tcp_q"] = np.array([q[3], q[0], q[1], q[2]])
+    # the feature is the rotation that undoes the tilt
+    np.testing.assert_allclose(state_vector(s)[29:31], [-0.05, 0.0], atol=1e-5)
+
+
+def _demo_file(path, relabeled, version=None, successes=(True, False)):
+    import h5py
+
+    from eval.state_features import VERSION
+
+    n = 5
+    episodes = np.array([(b"A01", i, i, ok, i * n, n) for i, ok in enumerate(successes)],
+                        dtype=[("setup", "S4"), ("try", "i4"), ("seed", "i8"), ("success", "?"),
+                               ("start", "i8"), ("length", "i4")])
+    with h5py.File(path, "w") as f:
+        f.create_dataset("states", data=np.zeros((n * len(successes), STATE_DIM), np.float32))
+        f.create_dataset("actions", data=np.zeros((n * len(successes), 7), np.float32))
+        f.create_dataset("episodes", data=episodes)
+        f.attrs["relabeled"] = int(relabeled)
+        f.attrs["state"] = version or VERSION
+    return path
+
+
+def test_demo_files_keep_successes_or_every_relabeled_step(tmp_path):
+    from eval.train_bc import DemoFileError, load_demos
+
+    assert len(load_demos(_demo_file(tmp_path / "clean.h5", relabeled=False))[0]) == 5
+    assert len(load_demos(_demo_file(tmp_path / "dagger.h5", relabeled=True))[0]) == 10
+    with pytest.raises(DemoFileError, match="record them again"):
+        load_demos(_demo_file(tmp_path / "old.h5", relabeled=False, version="eval.state_features v1 (29 numbers)"))
+
+
+def test_recorder_labels_with_the_reference_while_the_learner_acts(trained):
+    from eval.demos import _record_setup
+
+    (_, recs), = [_record_setup(("A01", [0], 0.02, str(trained[0]), 0.5))]
+    t, seed, success, states, actions = recs[0]
+    assert t == 0 and states.shape[1] == STATE_DIM and len(states) == len(actions) <= 300
+    assert np.all(np.abs(actions) <= 1.0) and np.all(np.isfinite(states))

@@ -122,7 +122,7 @@ def test_policy_history_chunks_and_latency(policy):
     assert policy.note is None and policy.exec_horizon == 4
     assert isinstance(policy.engine.tokenizer, T5Tokenizer)
     policy.reset(INSTRUCTION, seed=3)
-    policy.latencies_ms = []
+    policy.latencies_ms, policy.warmup_ms = [], []
     actions, masks = [], []
     for step in range(6):
         actions.append(policy.query(observation(step)))
@@ -130,7 +130,8 @@ def test_policy_history_chunks_and_latency(policy):
             first_chunk = policy.last_chunk.copy()
         masks.append(policy.model_inputs()[1].copy())
     assert policy.model_queries >= 2
-    assert len(policy.latencies_ms) == 2  # steps 0 and 4 ran the model; the others popped the chunk
+    # steps 0 and 4 ran the model; the others popped the chunk (the first queries count as warm-up)
+    assert len(policy.latencies_ms) + len(policy.warmup_ms) == 2
     for i in range(4):
         np.testing.assert_array_equal(actions[i], octo_to_scene(first_chunk[i]))
     for a in actions:
@@ -160,7 +161,7 @@ def test_policy_exec_horizon_and_temporal_ensembling(tiny_ckpt, policy):
     p2.reset(INSTRUCTION, seed=1)
     for step in range(5):
         p2.query(observation(step))
-    assert len(p2.latencies_ms) == 3  # steps 0, 2, 4
+    assert len(p2.latencies_ms) + len(p2.warmup_ms) == 3 == p2.queries  # steps 0, 2, 4
     te = OctoPolicy(model="octo-small", checkpoint=str(tiny_ckpt), check_size=False, temporal_ensembling=True)
     te.reset(INSTRUCTION, seed=1)
     te.act(observation(0))
@@ -246,3 +247,42 @@ def test_instruction_cache_memory_and_folder(tmp_path):
     assert calls == [INSTRUCTION]  # read back from the folder
     InstructionCache("ckpt-b", encode, tmp_path)(INSTRUCTION)
     assert calls == [INSTRUCTION, INSTRUCTION]  # another checkpoint: encoded again
+
+
+# ------------------------------------------------------------------ backends
+def test_backend_choice_is_checked_in_one_line():
+    for backend, what in (("tpu", "valid: jax, ort, trt"), ("trt", "backend 'trt' needs TensorRT")):
+        from engines.trt import unavailable_reason
+
+        if backend == "trt" and unavailable_reason() is None:
+            continue  # a TensorRT machine: device_check exercises it
+        with pytest.raises(OctoError) as e:  # refused before any weights are made or loaded
+            MODELS["octo-small"].factory(setup=None, random_weights=True, backend=backend)
+        assert what in str(e.value) and "\n" not in str(e.value)
+
+
+def test_ort_backend_gives_the_jax_actions_closed_loop(tmp_path_factory, monkeypatch):
+    """The same tries (seeds, observations) through ONNX Runtime and through JAX: the same chunks to float
+    rounding, the same actions. The export is shared with test_octo_export through the session's cache."""
+    pytest.importorskip("jax2onnx")
+    from engines.octo.testing import tiny_engine
+
+    monkeypatch.setenv("SAB_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "sab-cache"))
+    engine = tiny_engine(seed=1)
+    jax_pol = OctoPolicy(engine=engine, backend="jax")
+    ort_pol = OctoPolicy(engine=engine, backend="ort")
+    assert ort_pol.backend == "ort" and jax_pol.backend == "jax" and ort_pol.note == RANDOM_WEIGHTS_NOTE
+    worst = 0.0
+    for seed in (0, 7):
+        jax_pol.reset(INSTRUCTION, seed=seed)
+        ort_pol.reset(INSTRUCTION, seed=seed)
+        for step in range(9):
+            obs = observation(10 * seed + step, wrist=step != 5)
+            a_jax, a_ort = jax_pol.query(obs), ort_pol.query(obs)
+            if step % 4 == 0:  # a step that ran the model
+                ref = jax_pol.last_chunk
+                worst = max(worst, float(np.max(np.abs(ort_pol.last_chunk - ref)) / np.max(np.abs(ref))))
+            np.testing.assert_allclose(a_ort, a_jax, atol=1e-4)
+    assert worst <= 1e-4
+    assert ort_pol.model_queries == jax_pol.model_queries == 6
+    assert len(ort_pol.graphs.backbone.latencies_ms) == 7  # 6 queries and the warm-up

@@ -34,6 +34,7 @@ gives the same readout as upstream's model run without that image key.
 from __future__ import annotations
 
 import functools
+import math
 from fnmatch import fnmatch
 from typing import Any, Callable, Sequence
 
@@ -49,8 +50,16 @@ MASK_TIMESTEP = 0  # masks[..., 0]; masks[..., 1 + k] = camera k present
 
 
 # ------------------------------------------------------------------ layers
+def _matmul(x, w):
+    """``x @ w`` over the last axis of x, as one 2-D product: jax2onnx lowers a 2-D dot_general to Gemm and
+    anything else to Einsum, which ONNX Runtime runs about 3x slower on CPU."""
+    lead = x.shape[:-1]
+    y = x.reshape(math.prod(lead), x.shape[-1]) @ w
+    return y.reshape(*lead, w.shape[-1])
+
+
 def dense(p, x):
-    return x @ p["kernel"] + p["bias"]
+    return _matmul(x, p["kernel"]) + p["bias"]
 
 
 def layer_norm(p, x, eps: float = 1e-6):
@@ -101,16 +110,36 @@ def small_stem(p, cam: CameraSpec, x):
 
 
 def attention(p, x, allowed, num_heads: int):
-    """flax MultiHeadDotProductAttention (self-attention) with a boolean (B, 1|H, T, T) mask."""
-    q = jnp.einsum("btd,dhk->bthk", x, p["query"]["kernel"]) + p["query"]["bias"]
-    k = jnp.einsum("btd,dhk->bthk", x, p["key"]["kernel"]) + p["key"]["bias"]
-    v = jnp.einsum("btd,dhk->bthk", x, p["value"]["kernel"]) + p["value"]["bias"]
+    """flax MultiHeadDotProductAttention (self-attention) with a boolean (B, 1|H, T, T) mask (or its bias).
+
+    Written as 2-D and head-batched products (same arithmetic as flax's einsums)
+    so that the ONNX export has MatMul/Gemm nodes, not Einsum; the mask is applied
+    as an additive bias of 0 / float32 min, which equals flax's ``where`` for any
+    score below 1e31 in magnitude and is one broadcast Add instead of a Where.
+    """
+    b, t, d = x.shape
+
+    def heads(name):  # (B, H, T, K)
+        w = p[name]["kernel"]
+        h, k = w.shape[1], w.shape[2]
+        y = _matmul(x, w.reshape(d, h * k)) + p[name]["bias"].reshape(h * k)
+        return y.reshape(b, t, h, k).transpose(0, 2, 1, 3)
+
+    q, k, v = heads("query"), heads("key"), heads("value")
     q = q / jnp.sqrt(jnp.float32(q.shape[-1]))
-    s = jnp.einsum("bqhk,bthk->bhqt", q, k)
-    s = jnp.where(allowed, s, NEG)
+    s = jnp.matmul(q, k.transpose(0, 1, 3, 2))  # (B, H, T, T)
+    s = s + attention_bias(allowed)
     w = jax.nn.softmax(s, axis=-1)
-    o = jnp.einsum("bhqt,bthk->bqhk", w, v)
-    return jnp.einsum("bqhk,hkd->bqd", o, p["out"]["kernel"]) + p["out"]["bias"]
+    o = jnp.matmul(w, v).transpose(0, 2, 1, 3)  # (B, T, H, K)
+    wo = p["out"]["kernel"]
+    return _matmul(o.reshape(b, t, wo.shape[0] * wo.shape[1]), wo.reshape(-1, wo.shape[-1])) + p["out"]["bias"]
+
+
+def attention_bias(allowed):
+    """0 where attention is allowed, float32 min where not (a float bias passes through unchanged)."""
+    if allowed.dtype == jnp.bool_:
+        return jnp.where(allowed, jnp.float32(0.0), jnp.float32(NEG))
+    return allowed
 
 
 def encoder_block(p, x, allowed, num_heads: int, eps: float):
@@ -193,7 +222,8 @@ def key_mask(cfg: OctoConfig, masks, lang_mask):
             parts.append(jnp.broadcast_to(m[:, None], (b, cam.num_tokens)))
         if cfg.repeat_task_tokens:
             parts.append(jnp.broadcast_to(lang_mask[:, None], (b, cfg.lang_tokens)))
-        parts.append(jnp.ones((b, cfg.readout_tokens), masks.dtype))
+        # broadcast of a constant, not jnp.ones: the batch may be symbolic when exported (jax2onnx)
+        parts.append(jnp.broadcast_to(jnp.ones((1, cfg.readout_tokens), masks.dtype), (b, cfg.readout_tokens)))
     return jnp.concatenate(parts, axis=1)
 
 
@@ -209,7 +239,7 @@ def embed_tokens(params, cfg: OctoConfig, images: Sequence[Any], lang_embedding,
             continue
         x = normalize_images(img)
         if cam.stack_task_image:  # the (absent) goal image: zeros, i.e. -1 after normalisation
-            x = jnp.concatenate([x, jnp.full(x.shape, -1.0, x.dtype)], axis=-1)
+            x = jnp.concatenate([x, jnp.broadcast_to(jnp.asarray(-1.0, x.dtype), x.shape)], axis=-1)
         x = x.reshape(b * w, *x.shape[2:])
         tok = small_stem(ot[f"observation_tokenizers_{cam.name}"][f"{cam.encoder_name}_0"], cam, x)
         tok = tok.reshape(b, w, tok.shape[1], tok.shape[2])
@@ -225,8 +255,9 @@ def embed_tokens(params, cfg: OctoConfig, images: Sequence[Any], lang_embedding,
 
 def transformer(params, cfg: OctoConfig, x, allowed):
     tp = params["octo_transformer"]["BlockTransformer_0"]["Transformer_0"]
+    bias = attention_bias(allowed)  # once, not per layer
     for i in range(cfg.num_layers):
-        x = encoder_block(tp[f"encoderblock_{i}"], x, allowed, cfg.num_heads, cfg.ln_eps)
+        x = encoder_block(tp[f"encoderblock_{i}"], x, bias, cfg.num_heads, cfg.ln_eps)
     return layer_norm(tp["encoder_norm"], x, cfg.ln_eps)
 
 
@@ -253,7 +284,7 @@ def make_backbone(cfg: OctoConfig, all_timesteps: bool = False) -> Callable:
     def backbone(params, images, lang_embedding, masks, lang_mask=None):
         masks = jnp.asarray(masks, jnp.float32)
         if lang_mask is None:
-            lang_mask = jnp.ones((masks.shape[0],), jnp.float32)
+            lang_mask = jnp.broadcast_to(jnp.float32(1.0), (masks.shape[0],))
         x = embed_tokens(params, cfg, images, lang_embedding)
         keys = key_mask(cfg, masks, lang_mask)
         allowed = jnp.logical_and(jnp.asarray(struct)[None, None], (keys > 0.5)[:, None, None, :])

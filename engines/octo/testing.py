@@ -58,3 +58,19 @@ def train_spiece(folder: str | Path, vocab_size: int = 64) -> Path:
                                    pad_id=0, eos_id=1, unk_id=2, bos_id=-1, hard_vocab_limit=False,
                                    minloglevel=2)
     return folder / "spiece.model"
+
+
+def tiny_engine(seed: int = 1, diffusion_steps: int = 5):
+    """A random-weights :class:`~engines.octo.engine.OctoEngine` of the tiny config with fewer diffusion
+    steps (the unrolled sampler is exported per step; 5 keep the export test fast, the structure is the same)."""
+    from dataclasses import replace
+
+    from engines.octo.engine import OctoEngine, synthetic_statistics
+    from engines.octo.params import init_params
+    from engines.octo.text import HashTokenizer
+
+    cfg = replace(tiny_config(), diffusion_steps=diffusion_steps)
+    return OctoEngine(cfg, init_params(cfg, seed=seed), synthetic_statistics(cfg),
+                      identity=f"random-weights:tiny:seed{seed}", tokenizer=HashTokenizer(cfg.t5.vocab_size,
+                                                                                           cfg.lang_tokens),
+                      random_weights=True)

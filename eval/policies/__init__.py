@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Callable, Mapping
 
@@ -74,8 +74,28 @@ class UnknownModelError(ValueError):
     pass
 
 
+# options every model takes, applied around the policy the model's factory builds
+RUN_OPTIONS = ("replay_latency",)
+
+
+def _with_run_options(spec: ModelSpec) -> ModelSpec:
+    def factory(setup=None, replay_latency=None, **options):
+        policy = spec.factory(setup=setup, **options)
+        if replay_latency:
+            from eval.latency_replay import ReplayLatencyPolicy, load_profile
+
+            policy = ReplayLatencyPolicy(policy, load_profile(replay_latency))
+        return policy
+
+    return replace(spec, factory=factory, options=spec.options + RUN_OPTIONS)
+
+
 def get_model(name: str) -> ModelSpec:
     """A model of the table, or ``package.module:Class`` naming any Policy subclass (built with no arguments)."""
+    return _with_run_options(_lookup(name))
+
+
+def _lookup(name: str) -> ModelSpec:
     if name in MODELS:
         return MODELS[name]
     if ":" in name:

@@ -4,13 +4,18 @@ A policy is reset with the try's instruction, then asked for one action per
 control step. It declares its track (spec section 4) and what it observes:
 ``state`` policies read the exact simulator state, ``cameras`` policies read
 the two camera images, proprioception and the instruction. Every query's
-latency is recorded by :meth:`Policy.query`, which the runner calls.
+latency is recorded by :meth:`Policy.query`, which the runner calls: the
+first ``warmup_queries`` of a policy object (JIT compilation, caches, lazy
+allocation) go to ``warmup_ms``, the rest to ``latencies_ms``. A policy may
+time its own stages with ``with self.stage("preprocess"): ...`` (also
+``inference`` and ``postprocess``) for the per-step breakdown.
 """
 
 from __future__ import annotations
 
 import abc
 import time
+from contextlib import contextmanager
 from typing import Any, Mapping
 
 import numpy as np
@@ -28,9 +33,22 @@ class Policy(abc.ABC):
     track: str = "reference"
     observes: str = "state"  # "state" | "cameras"
     backend: str = "python"
+    warmup_queries: int = 3
+    queries: int = 0
 
     def __init__(self) -> None:
         self.latencies_ms: list[float] = []
+        self.warmup_ms: list[float] = []
+        self.stage_ms: dict[str, float] = {}  # stages of the last query
+        self.queries = 0  # over the object's life: the first warmup_queries are warm-up
+
+    @contextmanager
+    def stage(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stage_ms[name] = self.stage_ms.get(name, 0.0) + (time.perf_counter() - t0) * 1e3
 
     @abc.abstractmethod
     def reset(self, instruction: str, seed: int | None = None) -> None:
@@ -42,9 +60,12 @@ class Policy(abc.ABC):
 
     def query(self, observation: Mapping[str, Any]) -> np.ndarray:
         """Timed, checked call of :meth:`act`."""
+        self.stage_ms = {}
         t0 = time.perf_counter()
         action = self.act(observation)
-        self.latencies_ms.append((time.perf_counter() - t0) * 1e3)
+        ms = (time.perf_counter() - t0) * 1e3
+        (self.warmup_ms if self.queries < self.warmup_queries else self.latencies_ms).append(ms)
+        self.queries += 1
         action = np.asarray(action, dtype=np.float32)
         if action.shape != (ACTION_DIM,):
             raise BadActionError(f"{self.name} returned an action of shape {action.shape}, expected ({ACTION_DIM},)")

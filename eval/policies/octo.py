@@ -39,6 +39,14 @@ What the adapter does, step by step, as upstream's evaluation wrappers do
   displacement per step, four times as fast).
 - Proprioception is not used (Octo 1.5 has no proprio tokenizer).
 
+Backends (``backend``): ``jax`` (default) runs the jitted JAX model; ``ort``
+runs the exported ONNX graphs (backbone, unrolled sampler; see
+:mod:`engines.octo.export`) through ONNX Runtime on the CPU; ``trt`` builds
+TensorRT engines from them (``TRT_PRECISION``) and runs them on the GPU. The
+noise of every query is drawn from the try's key in JAX for all backends, so
+equal seeds give the same actions on every backend (to float rounding). The
+instruction embedding (T5) always runs in JAX, once per instruction.
+
 Latency: :meth:`OctoPolicy.query` records a time only for the steps that ran
 the model, so the records' ``infer_ms_*`` are milliseconds per model query.
 The first reset compiles the model (untimed).
@@ -62,6 +70,8 @@ ROTATION_SCALE_RAD = 0.1
 CAMERA_OF = {"primary": "third_person", "wrist": "wrist"}  # Octo image -> observation["images"] key
 AVG_CROP_SCALE, AVG_CROP_RATIO = 0.9, 1.0  # the mean of upstream's random_resized_crop (scale 0.8..1)
 AUGMENTED_KEYS = ("image_primary",)
+BACKENDS = ("jax", "ort", "trt")
+TRT_PRECISION = "fp16"  # the Orin's fast path; device_check compares it with fp32
 
 
 # ------------------------------------------------------------------ action conversion
@@ -161,7 +171,7 @@ def preprocess(img: np.ndarray, size: tuple[int, int], average_crop: bool) -> np
 
 # ------------------------------------------------------------------ the policy
 class OctoPolicy(Policy):
-    """Octo 1.5 zero-shot on the scene's two cameras (frozen track, JAX backend)."""
+    """Octo 1.5 zero-shot on the scene's two cameras (frozen track; JAX, ONNX Runtime or TensorRT backend)."""
 
     track = "frozen"
     observes = "cameras"
@@ -178,11 +188,23 @@ class OctoPolicy(Policy):
         from engines.octo.engine import UNNORM_KEY, get_engine
         from engines.octo.errors import OctoError
 
-        if backend not in (None, "jax"):
-            raise OctoError(f"backend {backend!r} is not available for {model} yet; valid: jax")
+        backend = backend or "jax"
+        if backend not in BACKENDS:
+            raise OctoError(f"backend {backend!r} unknown for {model}; valid: {', '.join(BACKENDS)}")
+        if backend == "trt":  # before loading anything: one line saying why not
+            from engines.trt import unavailable_reason
+
+            reason = unavailable_reason()
+            if reason:
+                raise OctoError(f"backend 'trt' needs TensorRT and an NVIDIA GPU: {reason}")
+        if backend in ("ort", "trt"):
+            for module in ("onnx", "onnxruntime"):
+                require(module, "export")
         self.name = model
+        self.backend = backend
         self.engine = engine if engine is not None else get_engine(
             model, checkpoint=checkpoint, random_weights=random_weights, seed=seed, check_size=check_size)
+        self.graphs = None if backend == "jax" else octo_graphs(self.engine, backend)
         cfg = self.engine.cfg
         self.cfg = cfg
         horizon = cfg.action_horizon
@@ -209,7 +231,7 @@ class OctoPolicy(Policy):
         import jax
 
         if not self._warm:
-            self.engine.warmup()
+            self._warmup()
             self._warm = True
         self._lang = self.engine.embed(instruction)[None]
         self._rng = jax.random.PRNGKey(int(seed or 0) % (2 ** 32))
@@ -239,11 +261,15 @@ class OctoPolicy(Policy):
         return self._queue.pop(0)
 
     def query(self, observation: Mapping[str, Any]) -> np.ndarray:
-        """As :meth:`Policy.query`, but a latency is kept only for steps that ran the model."""
-        n = len(self.latencies_ms)
+        """As :meth:`Policy.query`, but a time is kept (as latency or warm-up) only for steps that ran the
+        model; a step served from the chunk leaves no record and does not count as a query."""
+        n_lat, n_warm, n_queries = len(self.latencies_ms), len(getattr(self, "warmup_ms", ())), getattr(self, "queries", 0)
         action = super().query(observation)
-        if not self._ran_model and len(self.latencies_ms) > n:
-            self.latencies_ms.pop()
+        if not self._ran_model:
+            del self.latencies_ms[n_lat:]
+            if hasattr(self, "warmup_ms"):
+                del self.warmup_ms[n_warm:]
+            self.queries = n_queries
         return action
 
     # ------------------------------------------------------------ internals
@@ -271,14 +297,47 @@ class OctoPolicy(Policy):
             masks[0, :, 1 + k] = [f[c.name][1] for f in hist]
         return images, masks
 
+    def _warmup(self) -> None:
+        """Compile (JAX) or load and run once (ONNX Runtime, TensorRT), untimed."""
+        if self.graphs is None:
+            self.engine.warmup()
+            return
+        import jax
+
+        images, masks, lang = self.engine.blank_inputs()
+        self.graphs.predict(images, masks, lang, self.engine.draw_noise(jax.random.PRNGKey(0)))
+
     def _query(self) -> np.ndarray:
         import jax
 
         images, masks = self.model_inputs()
         self._rng, key = jax.random.split(self._rng)
-        normalized = self.engine.predict(images, masks, self._lang, rng=key)[0]
+        if self.graphs is None:
+            normalized = self.engine.predict(images, masks, self._lang, rng=key)[0]
+        else:  # the same draws predict(rng=key) makes, given to the graphs as inputs
+            normalized = self.graphs.predict(images, masks, self._lang, self.engine.draw_noise(key))[0]
         chunk = self.engine.unnormalize(normalized, self.unnorm_key)
         self.last_chunk = chunk
         self.model_queries += 1
         self._ran_model = True
         return chunk
+
+
+def octo_graphs(engine, backend: str):
+    """The engine's model as exported graphs behind runners: ONNX Runtime on the CPU (``ort``) or TensorRT
+    engines built from the same ONNX files (``trt``). Exports and engines are cached (see engines.octo.export)."""
+    from engines.octo.export import OnnxOcto, cache_dir, onnx_for_engine
+    from engines.runners import OnnxRuntimeRunner, TensorRtRunner, cpu_count
+
+    onnx = onnx_for_engine(engine)
+    if backend == "ort":
+        runners = [OnnxRuntimeRunner(p, "cpu", intra_op_threads=cpu_count()) for p in (onnx.backbone, onnx.sampler)]
+    else:
+        from engines import trt
+
+        out = cache_dir().parent / "engines"
+        runners = []
+        for p in (onnx.backbone, onnx.sampler):
+            path = trt.build_engine(p, out, p.stem, TRT_PRECISION, 1, timing_cache=out / "timing.cache")
+            runners.append(TensorRtRunner(path, expected_key=trt.system_key(p, TRT_PRECISION, 1)))
+    return OnnxOcto(engine.cfg, *runners).activate()

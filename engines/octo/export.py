@@ -1,0 +1,305 @@
+"""Octo to ONNX with jax2onnx: the observation backbone and the unrolled diffusion sampler, two graphs.
+
+    from engines.octo.export import export_octo
+    onnx = export_octo(cfg, params, "build/engines", "octo_small")   # -> OctoOnnx(backbone, sampler)
+
+Graphs (batch dimension ``B`` dynamic, every other dimension fixed):
+
+- ``<name>_backbone.onnx``: ``image_<camera>`` uint8 (B, window, H, W, 3) per
+  camera in config order, ``lang_embedding`` float32 (B, lang_tokens, d_t5),
+  ``masks`` float32 (B, window, 1 + cameras) and ``lang_mask`` float32 (B,)
+  in; ``readout`` float32 (B, d) out. Image normalisation is inside the graph;
+  the structural attention mask is a constant, only the padding masks are inputs.
+- ``<name>_sampler.onnx``: ``readout`` (B, d), ``init_noise`` (B, horizon*dim)
+  and ``step_noise`` (B, steps, horizon*dim) in; ``actions`` (B, horizon, dim)
+  normalised out. The 20 reverse-diffusion steps are unrolled (no Loop node) and
+  all noise comes in as inputs: jax2onnx lowers random sampling wrongly, and
+  equal noise is what makes backends comparable. ``step_noise`` is batch-first
+  (JAX's sampler takes steps-first) so that TensorRT profiles see the batch on
+  axis 0 of every input.
+
+Weights are baked in as initializers. Metadata records the exporter, opset,
+jax version, model, part, a sha256 of the parameters and whether the weights
+are random (``latency_only``). :func:`onnx_for_engine` exports an
+:class:`~engines.octo.engine.OctoEngine`'s model once and reuses it (cache
+keyed by the parameter digest), and :class:`OnnxOcto` runs the two graphs
+behind any pair of :class:`~engines.runners.Runner`.
+
+jax2onnx is imported only when exporting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from engines.octo.config import OctoConfig
+from engines.optional import require
+
+EXPORT_FORMAT = "shape-assembly-bench/octo-onnx/1"  # bump when the graphs' interface changes
+DEFAULT_OPSET = 18  # ReduceMean with axes as input (jax2onnx emits it); TensorRT 8.6+/10 and ORT >= 1.14 read it
+BATCH = "B"
+BUILD_DIR = Path("build/engines")
+
+
+@dataclass(frozen=True)
+class OctoExportConfig:
+    opset: int = DEFAULT_OPSET
+    batch_dim: str = BATCH  # name of the symbolic batch dimension
+
+
+@dataclass(frozen=True)
+class OctoOnnx:
+    """The two exported graphs of one model."""
+
+    backbone: Path
+    sampler: Path
+
+    def exists(self) -> bool:
+        return self.backbone.is_file() and self.sampler.is_file()
+
+
+# ------------------------------------------------------------------ interface of the graphs
+def backbone_input_names(cfg: OctoConfig) -> list[str]:
+    return [f"image_{c.name}" for c in cfg.cameras] + ["lang_embedding", "masks", "lang_mask"]
+
+
+SAMPLER_INPUTS = ("readout", "init_noise", "step_noise")
+
+
+def backbone_feeds(cfg: OctoConfig, images: Sequence[Any], masks, lang, lang_mask=None) -> dict[str, np.ndarray]:
+    """Feeds of the backbone graph from ``OctoEngine.predict``'s arguments."""
+    b = np.asarray(masks).shape[0]
+    feeds = {f"image_{c.name}": np.ascontiguousarray(img, np.uint8) for c, img in zip(cfg.cameras, images)}
+    feeds["lang_embedding"] = np.ascontiguousarray(np.broadcast_to(np.asarray(lang, np.float32),
+                                                                   (b, *np.shape(lang)[1:])))
+    feeds["masks"] = np.ascontiguousarray(masks, np.float32)
+    feeds["lang_mask"] = (np.ones((b,), np.float32) if lang_mask is None
+                          else np.ascontiguousarray(lang_mask, np.float32))
+    return feeds
+
+
+def sampler_feeds(readout, init_noise, step_noise) -> dict[str, np.ndarray]:
+    """``step_noise`` as JAX takes it (steps, B, flat) -> batch-first for the graph."""
+    return {"readout": np.ascontiguousarray(readout, np.float32),
+            "init_noise": np.ascontiguousarray(init_noise, np.float32),
+            "step_noise": np.ascontiguousarray(np.swapaxes(np.asarray(step_noise, np.float32), 0, 1))}
+
+
+# ------------------------------------------------------------------ the functions exported
+def backbone_fn(cfg: OctoConfig, params) -> Callable:
+    """``f(*images, lang_embedding, masks, lang_mask) -> readout`` with the weights closed over."""
+    from engines.octo.model import make_backbone
+
+    backbone = make_backbone(cfg)
+    n = len(cfg.cameras)
+
+    def f(*args):
+        return backbone(params, list(args[:n]), args[n], args[n + 1], args[n + 2])
+
+    return f
+
+
+def sampler_fn(cfg: OctoConfig, params) -> Callable:
+    """The sampler unrolled: ``f(readout, init_noise, step_noise (B, steps, flat)) -> actions (B, horizon, dim)``.
+
+    Same steps as :func:`engines.octo.model.make_sampler` (a ``lax.scan``), one
+    Python iteration per step with ``t`` a constant, so the schedule folds into
+    constants and no Loop node is needed.
+    """
+    from engines.octo.model import make_denoise_step
+
+    step = make_denoise_step(cfg)
+
+    def f(readout, init_noise, step_noise):
+        x = init_noise
+        for i in range(cfg.diffusion_steps):
+            x = step(params, readout, x, cfg.diffusion_steps - 1 - i, step_noise[:, i])
+        return x.reshape(x.shape[0], cfg.action_horizon, cfg.action_dim)
+
+    return f
+
+
+# ------------------------------------------------------------------ export
+def params_digest(params) -> str:
+    """sha256 over the parameter tree (names, shapes, dtypes, values); the T5 encoder is left out."""
+    from engines.octo.params import flatten, without_t5
+
+    h = hashlib.sha256()
+    for name, value in flatten(without_t5(params)):
+        a = np.ascontiguousarray(np.asarray(value))
+        h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _quiet_exporter() -> None:
+    # onnx_ir logs one warning per untyped shape constant; thousands of lines that say nothing
+    for name in ("onnx_ir.serde", "onnx_ir", "jax2onnx"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _prune_initializers(model) -> None:
+    """Drop initializers no node reads (jax2onnx leaves some behind; ORT warns about each)."""
+    used = {i for n in model.graph.node for i in n.input}
+    used |= {o.name for o in model.graph.output}
+
+    def walk(graph):
+        for n in graph.node:
+            for a in n.attribute:
+                if a.g is not None and a.g.ByteSize():
+                    used.update(i for m in a.g.node for i in m.input)
+                    walk(a.g)
+
+    walk(model.graph)
+    keep = [t for t in model.graph.initializer if t.name in used]
+    if len(keep) != len(model.graph.initializer):
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(keep)
+
+
+def _export(fn: Callable, specs: list, input_names: list[str], output_names: list[str], path: Path,
+            meta: dict[str, str], opset: int, model_name: str) -> Path:
+    jax2onnx = require("jax2onnx", "export")
+    onnx = require("onnx", "export")
+    import jax
+
+    from engines.onnx_utils import check_onnx_file
+
+    _quiet_exporter()
+    model = jax2onnx.to_onnx(fn, specs, model_name=model_name, opset=opset, input_names=input_names,
+                             output_names=output_names)
+    _prune_initializers(model)
+    version = getattr(jax2onnx, "__version__", None)
+    if version is None:
+        from importlib.metadata import version as _v
+
+        version = _v("jax2onnx")
+    props = {"format": EXPORT_FORMAT, "exporter": f"jax2onnx {version}", "jax": jax.__version__,
+             "opset": str(opset), **meta}
+    for k, v in props.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = k, str(v)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    onnx.save(model, str(tmp))
+    os.replace(tmp, path)  # a reader never sees half a file
+    check_onnx_file(path)
+    return path
+
+
+def export_octo(cfg: OctoConfig, params, out_dir: str | Path, name: str, *, source: str = "",
+                random_weights: bool = False, export: OctoExportConfig = OctoExportConfig(),
+                digest: str | None = None, progress: bool = False) -> OctoOnnx:
+    """Export the backbone and the unrolled sampler of ``cfg`` with ``params`` to ``out_dir``."""
+    import jax
+    import jax.numpy as jnp
+    from jax import export as jax_export
+
+    from engines.octo.params import without_t5
+
+    params = jax.tree_util.tree_map(jnp.asarray, without_t5(params))
+    digest = digest or params_digest(params)
+    (b,) = jax_export.symbolic_shape(export.batch_dim)
+
+    def spec(*shape, dtype=jnp.float32):
+        return jax.ShapeDtypeStruct((b, *shape), dtype)
+
+    out_dir = Path(out_dir)
+    meta = {"model": cfg.name, "params_sha256": digest, "source": source,
+            "latency_only": "true" if random_weights else "false",
+            "note": "random weights: latency only, success meaningless" if random_weights else ""}
+    bb_specs = [spec(cfg.window, *c.image_size, 3, dtype=jnp.uint8) for c in cfg.cameras]
+    bb_specs += [spec(cfg.lang_tokens, cfg.t5.d_model), spec(cfg.window, 1 + len(cfg.cameras)), spec()]
+    flat = cfg.flat_action_dim
+    sm_specs = [spec(cfg.token_dim), spec(flat), spec(cfg.diffusion_steps, flat)]
+    jobs = [
+        ("backbone", backbone_fn(cfg, params), bb_specs, backbone_input_names(cfg), ["readout"]),
+        ("sampler", sampler_fn(cfg, params), sm_specs, list(SAMPLER_INPUTS), ["actions"]),
+    ]
+    paths = {}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(jobs, desc=f"export {cfg.name}", unit="graph", leave=False)
+    for part, fn, specs, ins, outs in (bar if bar is not None else jobs):
+        paths[part] = _export(fn, specs, ins, outs, out_dir / f"{name}_{part}.onnx",
+                              {**meta, "part": part}, export.opset, f"{name}_{part}")
+    return OctoOnnx(paths["backbone"], paths["sampler"])
+
+
+def file_stem(model: str) -> str:
+    return model.replace("-", "_")
+
+
+def matching_export(folder: Path, stem: str, digest: str) -> OctoOnnx | None:
+    """An export in ``folder`` whose metadata says it holds these weights in this format, else None."""
+    from engines.onnx_utils import BadModelFileError, metadata
+
+    found = OctoOnnx(folder / f"{stem}_backbone.onnx", folder / f"{stem}_sampler.onnx")
+    if not found.exists():
+        return None
+    try:
+        for p in (found.backbone, found.sampler):
+            m = metadata(p)
+            if m.get("params_sha256") != digest or m.get("format") != EXPORT_FORMAT:
+                return None
+    except BadModelFileError:
+        return None  # a broken file is re-exported, not used
+    return found
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SAB_CACHE_DIR") or Path.home() / ".cache" / "shape_assembly_bench") / "onnx"
+
+
+def onnx_for_engine(engine, search: Sequence[Path] = (BUILD_DIR,), progress: bool = True) -> OctoOnnx:
+    """The ONNX graphs of an engine's model: from ``make engines``' folder or the cache when the weights
+    match, else exported into the cache once (keyed by the parameter digest)."""
+    digest = params_digest(engine.params)
+    stem = file_stem(engine.cfg.name)
+    for folder in search:
+        hit = matching_export(Path(folder), stem, digest)
+        if hit:
+            return hit
+    folder = cache_dir()
+    keyed = f"{stem}_{digest[:16]}"
+    hit = matching_export(folder, keyed, digest)
+    if hit:
+        return hit
+    return export_octo(engine.cfg, engine.params, folder, keyed, source=engine.identity,
+                       random_weights=engine.random_weights, digest=digest, progress=progress)
+
+
+# ------------------------------------------------------------------ running the graphs
+class OnnxOcto:
+    """One Octo query through two runners (backbone, sampler): same arguments as ``OctoEngine.predict``
+    with ``noise``, same (B, horizon, dim) normalised output."""
+
+    def __init__(self, cfg: OctoConfig, backbone, sampler) -> None:
+        self.cfg = cfg
+        self.backbone = backbone
+        self.sampler = sampler
+
+    def activate(self) -> "OnnxOcto":
+        self.backbone.activate()
+        self.sampler.activate()
+        return self
+
+    def deactivate(self) -> None:
+        self.backbone.deactivate()
+        self.sampler.deactivate()
+
+    def readout(self, images, masks, lang, lang_mask=None) -> np.ndarray:
+        return self.backbone.infer(backbone_feeds(self.cfg, images, masks, lang, lang_mask))["readout"]
+
+    def predict(self, images, masks, lang, noise: tuple[Any, Any]) -> np.ndarray:
+        r = self.readout(images, masks, lang)
+        return self.sampler.infer(sampler_feeds(r, *noise))["actions"]

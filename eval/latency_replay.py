@@ -1,0 +1,106 @@
+"""Latency in the loop: a measured latency distribution applied as action delay in the simulation.
+
+    python -m eval.orin --model bc-state --replay-latency results/some_run/tries.jsonl ...
+
+The benchmark's own controller is synchronous: the scene waits for every query.
+On a robot it does not. With a replayed profile each query is given a latency
+drawn from the measured values; its action reaches the arm only at the first
+control step (50 ms each) after that latency has passed, and until a newer
+action has arrived the arm holds still with the last gripper command. So a CPU
+machine shows what a model's Orin latency would do to its success.
+
+A profile is a ``tries.jsonl`` (every try's ``infer_ms``), a ``summary.json`` of
+such a run is not enough (it keeps percentiles only), or a JSON list of ms.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from eval.policies.base import Policy
+
+CONTROL_PERIOD_MS = 50.0
+REPLAY_SEED_OFFSET = 104_729  # the latency draws of a try differ from its other random streams
+
+
+class LatencyProfileError(ValueError):
+    """A latency profile that cannot be replayed (one line)."""
+
+
+def load_profile(path: str | Path) -> np.ndarray:
+    """Per-query latencies (ms) from a tries.jsonl or a JSON list."""
+    p = Path(path)
+    if not p.is_file():
+        raise LatencyProfileError(f"latency profile {p} does not exist")
+    values: list[float] = []
+    text = p.read_text()
+    try:
+        if p.suffix == ".jsonl":
+            for line in text.splitlines():
+                if line.strip():
+                    values += [float(v) for v in json.loads(line).get("infer_ms") or ()]
+        else:
+            data = json.loads(text)
+            if not isinstance(data, list):
+                raise LatencyProfileError(f"{p}: expected a JSON list of ms or a tries.jsonl with infer_ms lists")
+            values = [float(v) for v in data]
+    except (json.JSONDecodeError, TypeError, ValueError) as e:
+        if isinstance(e, LatencyProfileError):
+            raise
+        raise LatencyProfileError(f"{p}: not a latency profile ({e})") from None
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0:
+        raise LatencyProfileError(f"{p} holds no per-query latencies (infer_ms)")
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise LatencyProfileError(f"{p} holds negative or non-finite latencies")
+    return arr
+
+
+def profile_digest(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+class ReplayLatencyPolicy(Policy):
+    """Wraps a policy: each query's action is delayed by a latency drawn from the profile."""
+
+    def __init__(self, inner: Policy, latencies_ms: np.ndarray) -> None:
+        super().__init__()
+        self.inner = inner
+        self.profile = np.asarray(latencies_ms, dtype=float)
+        self.name, self.track, self.observes = inner.name, inner.track, inner.observes
+        self.backend = getattr(inner, "backend", "python")
+        self.note = getattr(inner, "note", None)
+        self.reset("")
+
+    def reset(self, instruction: str, seed: int | None = None) -> None:
+        self.inner.reset(instruction, seed=seed)
+        self.rng = np.random.default_rng(None if seed is None else seed + REPLAY_SEED_OFFSET)
+        self.step = 0
+        self.pending: list[tuple[int, np.ndarray]] = []  # (step it reaches the arm, action)
+        self.current: np.ndarray | None = None
+        self.delays: list[int] = []
+
+    def act(self, observation: Mapping[str, Any]) -> np.ndarray:
+        action = np.asarray(self.inner.query(observation), dtype=np.float32)
+        latency = float(self.rng.choice(self.profile))
+        # ready within this step's period: no delay; else the first step boundary after it
+        delay = max(0, math.ceil(latency / CONTROL_PERIOD_MS) - 1)
+        self.delays.append(delay)
+        self.pending.append((self.step + delay, action))
+        arrived = [a for t, a in self.pending if t <= self.step]
+        if arrived:
+            self.current = arrived[-1]
+            self.pending = [(t, a) for t, a in self.pending if t > self.step]
+        self.step += 1
+        if self.current is None:  # nothing has arrived yet: hold still, gripper open
+            return np.array([0, 0, 0, 0, 0, 0, 1], dtype=np.float32)
+        if self.current is not None and not arrived:
+            # the arm holds its pose until the next action arrives; the gripper keeps its last command
+            return np.array([0, 0, 0, 0, 0, 0, self.current[6]], dtype=np.float32)
+        return self.current

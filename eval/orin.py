@@ -1,0 +1,140 @@
+"""The device loop: evaluate a model with device defaults and profile it on the machine it runs on.
+
+    make engines && python -m eval.orin --model octo-small --split test --setups all --tries 50 --out runs/orin
+
+The same runner and options as ``python -m eval.run``, with device defaults:
+the fastest backend available (a TensorRT engine where TensorRT and a GPU
+exist, else ONNX Runtime), the device identified (Jetson module, L4T/JetPack,
+power mode and jetson_clocks; or GPU and driver; or the CPU), and telemetry
+(power per rail, clocks, temperatures; energy per query and per successful try)
+sampled in the background while the tries run. The report adds a latency
+section: per-query percentiles with warm-up apart, a histogram, time per
+control step by stage, the device and the telemetry or why there is none.
+
+``--replay-latency FILE`` delays every action by a latency drawn from a
+measured profile (a tries.jsonl), so a CPU machine shows what a device's
+latency would do to success (see eval.latency_replay).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from eval import run as eval_run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = eval_run.build_parser(prog="python -m eval.orin", description=__doc__.split("\n\n")[0])
+    d = p.add_argument_group("device")
+    d.add_argument("--num-envs", type=int, default=1,
+                   help="scenes in one GPU simulation, their queries batched (needs CUDA; 1 = CPU physics)")
+    d.add_argument("--telemetry-interval", type=float, default=0.1, help="seconds between telemetry samples")
+    return p
+
+
+def default_backend(model: str) -> tuple[str | None, str]:
+    """(backend, why) for a model: TensorRT where it can run, else ONNX Runtime; None for models without one."""
+    from engines import trt
+    from eval.policies import get_model
+
+    spec = get_model(model)
+    if "backend" not in spec.options:
+        return None, f"{spec.name} has no runtime backend (runs in Python)"
+    reason = trt.unavailable_reason()
+    if reason is None:
+        return "trt", "TensorRT and an NVIDIA GPU are available"
+    return "ort", f"TensorRT unavailable ({reason}): ONNX Runtime"
+
+
+def _fail(msg: str, code: int = 2) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    from eval.policies import UnknownModelError
+
+    try:
+        if args.num_envs < 1:
+            raise ValueError(f"--num-envs must be at least 1, got {args.num_envs}")
+        if args.num_envs > 1:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError(f"--num-envs {args.num_envs} needs GPU simulation (SAPIEN's GPU PhysX on a CUDA "
+                                 "device); this machine has none: use --num-envs 1 or --workers")
+            raise ValueError("--num-envs > 1: GPU-parallel scenes are not in this release yet; use --workers")
+        if args.telemetry_interval <= 0:
+            raise ValueError("--telemetry-interval must be positive")
+        backend, why = (args.backend, "chosen on the command line") if args.backend else default_backend(args.model)
+    except (UnknownModelError, ValueError) as e:
+        return _fail(str(e))
+    if backend and not args.backend:
+        argv += ["--backend", backend]
+    print(f"backend: {backend or 'python'} ({why})", file=sys.stderr)
+
+    from jetson.device import identify_device
+    from jetson.telemetry import start_telemetry
+
+    device = identify_device()
+    print("device: " + "; ".join(device.summary_lines()), file=sys.stderr)
+    with start_telemetry(interval_s=args.telemetry_interval) as tel:
+        t0 = time.monotonic()
+        rc = eval_run.main(argv, parser=parser)
+        t1 = time.monotonic()
+    if rc != 0:
+        return rc
+
+    from eval.report import write_report
+    from eval.runner import read_records
+
+    out = Path(args.out)
+    records = read_records(out / "tries.jsonl")
+    queries = sum(int(r.get("infer_queries") or 0) for r in records)
+    successes = sum(bool(r.get("success")) for r in records)
+    # energy per query over this session's window: a resumed run's earlier tries were not measured
+    telemetry = tel.summary(queries=queries, successes=successes, start=t0, end=t1)
+    extra = {
+        "device": _device_fields(device),
+        "telemetry": {"available": telemetry.available, "source": telemetry.source, "reason": telemetry.reason,
+                      "lines": telemetry.lines(), "detail": telemetry.to_dict()},
+        "profile": {"backend": backend or "python", "backend_reason": why, "window_s": round(t1 - t0, 3)},
+    }
+    summary = write_report([out / "tries.jsonl"], out, extra=extra)
+    previous = json.loads((out / "summary.json").read_text())
+    summary["run"] = previous.get("run")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    lat = summary["secondary"]["latency_ms"] or {}
+    if lat.get("p50") is not None:
+        print(f"latency ms per query: mean {lat['mean']:.3g}, p50 {lat['p50']:.3g}, p90 {lat['p90']:.3g}, "
+              f"p99 {lat['p99']:.3g} ({lat['count']} queries after warm-up); {telemetry.lines()[0]}")
+    return 0
+
+
+def _device_fields(device) -> dict:
+    """The device as the report names it."""
+    d = device.to_dict()
+    fields = {"kind": d.get("kind"), "name": d.get("name")}
+    if device.jetson is not None:
+        j = d["jetson"]
+        fields.update({k: j.get(k) for k in ("model", "l4t", "jetpack", "power_mode", "jetson_clocks")})
+    for g in d.get("gpus") or ():
+        fields.update(gpu=g.get("name"), driver=g.get("driver"), compute_capability=g.get("compute_capability"))
+        break
+    cpu = d.get("cpu") or {}
+    fields.update(cpu=cpu.get("model"), cores=cpu.get("cores"))
+    sw = d.get("software") or {}
+    fields.update({k: sw.get(k) for k in ("cuda", "tensorrt", "onnxruntime", "jax", "torch") if sw.get(k)})
+    fields["notes"] = "; ".join(d.get("notes") or ()) or None
+    return fields
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Bind camera frames to engine inputs without copying, and count the bytes that do get copied.
+
+On the CPU a frame reaches the runner as a numpy view of the observation
+buffer (a batch axis added by indexing, never by copying). On a GPU, frames
+that ManiSkill renders into torch CUDA tensors are bound to TensorRT by device
+pointer (`set_tensor_address(name, tensor.data_ptr())`), so an image never
+crosses the bus. Wherever a frame does have to move between host and device
+(a CPU frame for a GPU engine, a GPU frame for a CPU runner) the move is done
+here and its bytes are counted per control step; the report shows 0 when
+nothing moved. torch and tensorrt are only touched through the objects passed
+in, so this module imports on a CPU-only machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+
+class ZeroCopyError(RuntimeError):
+    """A frame cannot be bound as asked (one line)."""
+
+
+def nbytes(x: Any) -> int:
+    """Size in bytes of a numpy array or a torch tensor (duck-typed: no torch import)."""
+    if isinstance(x, np.ndarray):
+        return int(x.nbytes)
+    if hasattr(x, "element_size") and hasattr(x, "numel"):
+        return int(x.element_size() * x.numel())
+    return int(np.asarray(x).nbytes)
+
+
+def is_cuda_tensor(x: Any) -> bool:
+    return bool(getattr(x, "is_cuda", False))
+
+
+def is_torch_tensor(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+
+
+@dataclass
+class CopyCounter:
+    """Host<->device bytes per control step; the report says 0 when no frame moved."""
+
+    h2d_bytes: int = 0
+    d2h_bytes: int = 0
+    host_copy_bytes: int = 0  # copies within host memory (layout or dtype changes), for completeness
+    per_step: list[int] = field(default_factory=list)  # host<->device bytes of each finished step
+    _step_bytes: int = 0
+
+    def add_h2d(self, n: int) -> None:
+        self.h2d_bytes += n
+        self._step_bytes += n
+
+    def add_d2h(self, n: int) -> None:
+        self.d2h_bytes += n
+        self._step_bytes += n
+
+    def add_host_copy(self, n: int) -> None:
+        self.host_copy_bytes += n
+
+    def end_step(self) -> int:
+        """Close the current control step; returns its host<->device bytes."""
+        n, self._step_bytes = self._step_bytes, 0
+        self.per_step.append(n)
+        return n
+
+    def report(self) -> dict:
+        steps = len(self.per_step)
+        return {
+            "steps": steps,
+            "h2d_bytes": self.h2d_bytes,
+            "d2h_bytes": self.d2h_bytes,
+            "host_copy_bytes": self.host_copy_bytes,
+            "bytes_per_step_mean": (sum(self.per_step) / steps) if steps else 0.0,
+            "bytes_per_step_max": max(self.per_step) if steps else 0,
+            "zero_copy": self.h2d_bytes == 0 and self.d2h_bytes == 0,
+        }
+
+
+# ------------------------------------------------------------------------ CPU
+def as_host_view(frame: Any, counter: CopyCounter | None = None, add_batch: bool = False,
+                 dtype: np.dtype | str | None = None) -> np.ndarray:
+    """A numpy array for a CPU runner that shares memory with the frame wherever possible.
+
+    numpy frames and CPU torch tensors are viewed, not copied; a CUDA tensor has
+    to come to the host (counted as device-to-host). A dtype change or a
+    non-contiguous frame needs a host copy (counted separately).
+    """
+    if is_cuda_tensor(frame):
+        if counter is not None:
+            counter.add_d2h(nbytes(frame))
+        arr = frame.detach().cpu().numpy()
+    elif is_torch_tensor(frame):
+        arr = frame.detach().numpy()  # shares the tensor's memory
+    elif isinstance(frame, np.ndarray):
+        arr = frame
+    else:
+        raise ZeroCopyError(f"cannot view a {type(frame).__name__} as a numpy array without copying")
+    if dtype is not None and arr.dtype != np.dtype(dtype):
+        if counter is not None:
+            counter.add_host_copy(arr.size * np.dtype(dtype).itemsize)
+        arr = arr.astype(dtype)
+    if not arr.flags["C_CONTIGUOUS"]:  # runtimes want contiguous inputs; this is the only copy made here
+        if counter is not None:
+            counter.add_host_copy(arr.nbytes)
+        arr = np.ascontiguousarray(arr)
+    return arr[None] if add_batch else arr
+
+
+def host_feeds(obs: Mapping[str, Any], bindings: Mapping[str, str], counter: CopyCounter | None = None,
+               add_batch: bool = True) -> dict[str, np.ndarray]:
+    """Runner feeds {input name: view of obs[key]} for bindings {input name: obs key}."""
+    missing = [k for k in bindings.values() if k not in obs]
+    if missing:
+        raise ZeroCopyError(f"observation lacks {', '.join(missing)}; it has {', '.join(sorted(obs))}")
+    return {name: as_host_view(obs[key], counter, add_batch=add_batch) for name, key in bindings.items()}
+
+
+# ------------------------------------------------------------------------ GPU
+class TensorRTBinder:
+    """Binds torch CUDA tensors to a TensorRT execution context by device pointer (TensorRT >= 8.5 API).
+
+    `context` is a tensorrt.IExecutionContext (or anything with set_input_shape and
+    set_tensor_address). A CPU tensor or numpy frame is moved to the GPU here and
+    its bytes are counted; a CUDA tensor is bound as is.
+    """
+
+    def __init__(self, context: Any, counter: CopyCounter | None = None, device: str = "cuda") -> None:
+        self.context = context
+        self.counter = counter if counter is not None else CopyCounter()
+        self.device = device
+        self._alive: dict[str, Any] = {}  # keeps bound tensors alive while the engine may read them
+
+    def _to_cuda(self, x: Any) -> Any:
+        if is_cuda_tensor(x):
+            return x
+        torch = _torch()
+        t = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
+        self.counter.add_h2d(nbytes(t))
+        return t.to(self.device, non_blocking=True)
+
+    def bind_input(self, name: str, frame: Any) -> int:
+        """Bind an input; returns the device pointer handed to TensorRT."""
+        t = self._to_cuda(frame)
+        if not t.is_contiguous():
+            t = t.contiguous()  # a device-side copy, no bus traffic
+        self.context.set_input_shape(name, tuple(t.shape))
+        ptr = int(t.data_ptr())
+        if not self.context.set_tensor_address(name, ptr):
+            raise ZeroCopyError(f"TensorRT refused the address for input {name!r}")
+        self._alive[name] = t
+        return ptr
+
+    def bind_output(self, name: str, tensor: Any) -> int:
+        if not is_cuda_tensor(tensor):
+            raise ZeroCopyError(f"output {name!r} must be a CUDA tensor to be bound without copies")
+        ptr = int(tensor.data_ptr())
+        if not self.context.set_tensor_address(name, ptr):
+            raise ZeroCopyError(f"TensorRT refused the address for output {name!r}")
+        self._alive[name] = tensor
+        return ptr
+
+    def execute(self, stream_handle: int | None = None) -> None:
+        """Run the engine on the bound buffers (on the current torch stream unless one is given)."""
+        if stream_handle is None:
+            stream_handle = _torch().cuda.current_stream().cuda_stream
+        if not self.context.execute_async_v3(stream_handle):
+            raise ZeroCopyError("TensorRT execute_async_v3 failed")
+
+
+def _torch():
+    from engines.optional import require
+
+    return require("torch")
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why the GPU path cannot run here (shown when tests skip it), or None."""
+    from engines.optional import available
+
+    if not available("torch"):
+        return "torch is not installed"
+    torch = _torch()
+    if not torch.cuda.is_available():
+        return "CUDA is not available to torch"
+    return None

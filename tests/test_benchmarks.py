@@ -1,0 +1,84 @@
+"""The benchmarks run: each in --quick mode into a temporary folder, its JSON has the fields the results
+README reads. No timing is asserted (quick numbers mean nothing, and this machine is shared)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench(name: str, out: Path, *args: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--quick", "--no-progress", "--out-dir",
+                           str(out), *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((out / f"{name}.quick.json").read_text())
+    assert doc["benchmark"] == name and doc["quick"] is True
+    assert doc["command"].startswith(f"python -m benchmarks.{name} --quick")
+    m = doc["machine"]
+    for key in ("cpu", "cores", "os", "python", "usable_cores", "load_average_start", "load_average_end"):
+        assert key in m, key
+    return doc["results"]
+
+
+def test_sim_throughput_quick(tmp_path):
+    r = _bench("sim_throughput", tmp_path)
+    for label in ("state", "cameras"):
+        s = r["steps"][label]
+        for key in ("steps", "bare_steps_per_s", "runner_steps_per_s", "harness_overhead_pct",
+                    "runner_profile_ms_per_step"):
+            assert key in s, (label, key)
+        assert s["steps"] > 0 and s["bare_steps_per_s"] > 0 and s["runner_steps_per_s"] > 0
+    w = r["workers"]
+    assert [x["workers"] for x in w["runs"]] == [1, 2]
+    assert all(x["tries"] == 2 and x["hangs"] == 0 and x["tries_per_s"] > 0 for x in w["runs"])
+    assert w["speedup_2_vs_1"] > 0
+    assert r["targets"] == {"harness_overhead_pct_max": 10.0, "speedup_2_vs_1_min": 1.8}
+
+
+def test_inference_quick(tmp_path):
+    r = _bench("inference", tmp_path)
+    rows = {(x["model"], x["backend"], x["level"], x["batch"]): x for x in r["rows"]}
+    assert ("scripted", "python", "policy", 1) in rows
+    for row in r["rows"]:
+        for key in ("n", "mean_ms", "p50_ms", "p99_ms", "per_sample_mean_ms", "threads"):
+            assert key in row
+        assert row["n"] > 0 and row["mean_ms"] > 0
+    # bc-state runs on both backends, or each missing backend says why
+    for backend in ("ort", "torch"):
+        ran = ("bc-state", backend, "model", r["batch"]) in rows
+        assert ran or any(s["model"] == "bc-state" and s["backend"] == backend and s["reason"] for s in r["skipped"])
+    for ratio in r["ratios"]:
+        assert ratio["mean_ratio"] > 0 and ratio["vs"] != ratio["backend"]
+
+
+def test_eval_walltime_quick(tmp_path):
+    r = _bench("eval_walltime", tmp_path)
+    assert r["n_tries"] == 1 and r["successes"] == 1 and r["wall_s"] > 0 and r["tries_per_s"] > 0
+    assert r["eval_run_command"].startswith("python -m eval.run --model scripted --split test")
+
+
+@pytest.mark.parametrize("name,args,needle", [
+    ("sim_throughput", ["--obs", "depth"], "valid: state, cameras"),
+    ("sim_throughput", ["--setups", "Z09"], "Z09"),
+    ("inference", ["--models", "gpt"], "valid: scripted, bc-state, octo-small"),
+    ("eval_walltime", ["--tries", "0"], "at least 1"),
+])
+def test_bad_input_is_one_line_and_nonzero(tmp_path, name, args, needle):
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--out-dir", str(tmp_path), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr
+    assert not list(tmp_path.glob("*.json"))
+
+
+@pytest.mark.parametrize("name", ["sim_throughput", "inference", "eval_walltime"])
+def test_help(name):
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and "--quick" in proc.stdout and "--out-dir" in proc.stdout

@@ -1,0 +1,177 @@
+"""Runners and model files: the golden ONNX model through every runner here, corrupt and truncated files
+give one line, TensorRT skips with a visible reason on a machine without it, `engines.build` CLI errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engines import trt
+from engines.onnx_utils import BadModelFileError, check_onnx_file, metadata
+from engines.runners import JaxRunner, OnnxRuntimeRunner, TensorRtRunner, ort_providers
+
+DATA = Path(__file__).resolve().parent / "data"
+GOLDEN = DATA / "golden_mlp.onnx"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def golden():
+    with np.load(DATA / "golden_mlp.npz") as z:
+        return {"x": z["x"], "img": z["img"]}, z["y"]
+
+
+def one_line(e: BaseException) -> str:
+    msg = str(e)
+    assert msg and "\n" not in msg and "Traceback" not in msg, msg
+    return msg
+
+
+# ------------------------------------------------------------------ golden model
+def test_golden_file_is_what_the_script_writes():
+    sys.path.insert(0, str(DATA))
+    try:
+        import make_golden
+    finally:
+        sys.path.remove(str(DATA))
+    feeds, y = golden()
+    np.testing.assert_allclose(make_golden.reference(feeds["x"], feeds["img"]), y, rtol=0, atol=0)
+    assert GOLDEN.stat().st_size < 8192
+    meta = metadata(GOLDEN)
+    assert meta["opset"] == "18" and meta["model"] == "golden-mlp"
+
+
+def test_golden_through_onnx_runtime_and_dynamic_batch():
+    feeds, y = golden()
+    with OnnxRuntimeRunner(GOLDEN, "cpu") as r:
+        np.testing.assert_allclose(r.infer(feeds)["y"], y, rtol=1e-5, atol=1e-6)
+        one = r.infer({k: v[:1] for k, v in feeds.items()})["y"]
+        np.testing.assert_allclose(one, y[:1], rtol=1e-5, atol=1e-6)
+        assert len(r.latencies_ms) == 2 and all(t > 0 for t in r.latencies_ms)
+    with pytest.raises(RuntimeError, match="before activate"):
+        r.infer(feeds)
+
+
+def test_golden_through_the_jax_runner():
+    jnp = pytest.importorskip("jax.numpy")
+    sys.path.insert(0, str(DATA))
+    try:
+        import make_golden
+    finally:
+        sys.path.remove(str(DATA))
+    w = make_golden.weights()
+
+    def fn(x, img):
+        pix = img.reshape(img.shape[0], -1).astype(jnp.float32) / 127.5 - 1.0
+        h = jnp.tanh(jnp.concatenate([x, pix], axis=1) @ w["w1"] + w["b1"])
+        return {"y": h @ w["w2"] + w["b2"]}
+
+    feeds, y = golden()
+    with JaxRunner(fn, warmup=feeds) as r:
+        np.testing.assert_allclose(r.infer(feeds)["y"], y, rtol=1e-5, atol=1e-6)
+        assert len(r.latencies_ms) == 1  # the warm-up is not timed
+
+
+def test_ort_provider_sets():
+    assert ort_providers("cpu") == ("CPUExecutionProvider",)
+    assert ort_providers("tensorrt")[0] == "TensorrtExecutionProvider" and ort_providers("cuda")[-1].startswith("CPU")
+    with pytest.raises(ValueError, match="valid: cpu, cuda, tensorrt"):
+        ort_providers("npu")
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        with pytest.raises(RuntimeError) as e:
+            OnnxRuntimeRunner(GOLDEN, "cuda").activate()
+        assert "lacks CUDAExecutionProvider" in one_line(e.value)
+
+
+# ------------------------------------------------------------------ broken files
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "missing"])
+def test_broken_onnx_files_give_one_line(tmp_path, damage):
+    path = tmp_path / "m.onnx"
+    data = GOLDEN.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"\x08\x07not a protobuf at all" * 10)
+    elif damage == "empty":
+        path.write_bytes(b"")
+    for call in (lambda: check_onnx_file(path), lambda: OnnxRuntimeRunner(path).activate()):
+        with pytest.raises(BadModelFileError) as e:
+            call()
+        msg = one_line(e.value)
+        assert str(path) in msg and "make engines" in msg
+
+
+def test_broken_engine_files_give_one_line(tmp_path):
+    """Without TensorRT the reason is the line; with it, a truncated engine is refused by its key or by
+    TensorRT, in one line either way."""
+    engine = tmp_path / "m.engine"
+    engine.write_bytes(b"\x00garbage engine")
+    with pytest.raises((trt.TensorRTUnavailable, BadModelFileError, trt.EngineMismatchError)) as e:
+        TensorRtRunner(engine).activate()
+    one_line(e.value)
+    key = trt.EngineKey("ab" * 32, "10.3.0", "Orin", "8.7", "fp16", 1, 1, 1, None)
+    trt.write_sidecar(engine, key)
+    side = engine.with_suffix(".json")
+    side.write_text(side.read_text()[:40])  # a truncated sidecar
+    with pytest.raises(trt.EngineMismatchError) as e:
+        trt.check_engine(engine, key)
+    assert "unreadable" in one_line(e.value)
+    side.write_text('{"key": {"onnx_sha256": "x"}}')  # fields missing
+    with pytest.raises(trt.EngineMismatchError) as e:
+        trt.check_engine(engine, key)
+    assert "unreadable" in one_line(e.value)
+
+
+def test_tensorrt_runner_on_the_golden_model(tmp_path):
+    reason = trt.unavailable_reason()
+    if reason:
+        pytest.skip(f"TensorRT runner not exercised: {reason}")
+    feeds, y = golden()
+    for precision, tol in (("fp32", 1e-5), ("fp16", 2e-2)):
+        path = trt.build_engine(GOLDEN, tmp_path, "golden", precision, batch_max=4)
+        with TensorRtRunner(path, expected_key=trt.system_key(GOLDEN, precision, 4)) as r:
+            np.testing.assert_allclose(r.infer(feeds)["y"], y, rtol=tol, atol=tol)
+    with pytest.raises(trt.EngineMismatchError):  # built for batch 4: a batch-8 key refuses it
+        TensorRtRunner(path, expected_key=trt.system_key(GOLDEN, "fp16", 8)).activate()
+
+
+def test_runner_module_imports_without_tensorrt():
+    code = ("import sys; import engines.runners, engines.trt, engines.build, engines.octo.export; "
+            "assert 'tensorrt' not in sys.modules and 'jax2onnx' not in sys.modules; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+# ------------------------------------------------------------------ make engines
+def test_build_cli_refuses_bad_arguments_in_one_line():
+    for args, what in ((["--models", "octo-huge"], "unknown model octo-huge"),
+                       (["--precisions", "fp64"], "unknown precision fp64"),
+                       (["--batch-max", "0"], "--batch-max must be at least 1")):
+        out = subprocess.run([sys.executable, "-m", "engines.build", *args], cwd=REPO, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 2 and what in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_build_exports_bc_state_and_skips_tensorrt_with_the_reason(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("torch")
+    from engines import bc_mlp, build
+
+    # fresh weights of the current architecture, so the test does not depend on the committed file's version
+    weights = tmp_path / "bc_state.safetensors"
+    bc_mlp.save(bc_mlp.build(bc_mlp.BCConfig()), bc_mlp.BCConfig(), weights)
+    monkeypatch.setattr(bc_mlp, "DEFAULT_WEIGHTS", weights)
+    rc = build.main(["--out", str(tmp_path), "--models", "bc-state"])
+    out = capsys.readouterr().out
+    assert rc == 0 and (tmp_path / "bc_state.onnx").is_file()
+    lines = out.strip().splitlines()
+    assert lines[0].split()[:3] == ["model", "artifact", "status"]
+    assert any(line.split()[:3] == ["bc-state", "onnx", "built"] for line in lines)
+    reason = trt.unavailable_reason()
+    if reason:
+        rows = [line for line in lines if "tensorrt" in line]
+        assert len(rows) == 2 and all("skipped" in r and reason in r for r in rows)

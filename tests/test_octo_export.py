@@ -1,0 +1,146 @@
+"""Octo through ONNX: the exported backbone and unrolled sampler against the JAX model on fresh random inputs
+(fp32 relative error <= 1e-4), dynamic batch, metadata, no sampling inside graphs, the export cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+pytest.importorskip("jax2onnx")
+onnx = pytest.importorskip("onnx")
+import jax.numpy as jnp  # noqa: E402
+
+from engines.octo.export import (  # noqa: E402
+    EXPORT_FORMAT, OnnxOcto, backbone_input_names, onnx_for_engine, params_digest)
+from engines.octo.model import make_backbone, make_infer, make_sampler  # noqa: E402
+from engines.octo.params import init_params, without_t5  # noqa: E402
+from engines.octo.testing import tiny_engine  # noqa: E402
+from engines.runners import JaxRunner, OnnxRuntimeRunner  # noqa: E402
+
+REL_TOL = 1e-4
+
+
+def rel_err(a, ref) -> float:
+    """max |a - ref| / max |ref|: the error relative to the output's scale."""
+    return float(np.max(np.abs(np.asarray(a) - ref)) / max(np.max(np.abs(ref)), 1e-12))
+
+
+@pytest.fixture(scope="session")
+def shared_cache(tmp_path_factory):
+    return tmp_path_factory.getbasetemp() / "sab-cache"
+
+
+@pytest.fixture(scope="module")
+def exported(shared_cache):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SAB_CACHE_DIR", str(shared_cache))
+    engine = tiny_engine()
+    graphs = onnx_for_engine(engine, search=(), progress=False)
+    mp.undo()
+    return engine, graphs
+
+
+@pytest.fixture(scope="module")
+def ort_octo(exported):
+    engine, graphs = exported
+    return OnnxOcto(engine.cfg, OnnxRuntimeRunner(graphs.backbone), OnnxRuntimeRunner(graphs.sampler)).activate()
+
+
+def fresh_inputs(cfg, seed, batch):
+    rs = np.random.default_rng(seed)
+    images = [rs.integers(0, 256, (batch, cfg.window, *c.image_size, 3), dtype=np.uint8) for c in cfg.cameras]
+    masks = np.ones((batch, cfg.window, 1 + len(cfg.cameras)), np.float32)
+    masks[0, 0, 0] = 0.0  # a padded first step
+    if batch > 1:
+        masks[1, :, 2] = 0.0  # no wrist camera
+    lang = rs.normal(size=(batch, cfg.lang_tokens, cfg.t5.d_model)).astype(np.float32)
+    init = rs.normal(size=(batch, cfg.flat_action_dim)).astype(np.float32)
+    steps = rs.normal(size=(cfg.diffusion_steps, batch, cfg.flat_action_dim)).astype(np.float32)
+    return images, masks, lang, (init, steps)
+
+
+@pytest.mark.parametrize("batch,seed", [(1, 11), (3, 12)])
+def test_backbone_matches_jax(exported, ort_octo, batch, seed):
+    engine, _ = exported
+    cfg = engine.cfg
+    images, masks, lang, _ = fresh_inputs(cfg, seed, batch)
+    lang_mask = np.ones(batch, np.float32)
+    lang_mask[-1] = 0.0 if batch > 1 else 1.0
+    ref = np.asarray(jax.jit(make_backbone(cfg))(engine.params, images, lang, masks, lang_mask))
+    got = ort_octo.readout(images, masks, lang, lang_mask)
+    assert got.shape == (batch, cfg.token_dim) and got.dtype == np.float32
+    assert rel_err(got, ref) <= REL_TOL
+
+
+@pytest.mark.parametrize("batch,seed", [(2, 22)])
+def test_sampler_and_whole_query_match_jax(exported, ort_octo, batch, seed):
+    engine, _ = exported
+    cfg = engine.cfg
+    images, masks, lang, (init, steps) = fresh_inputs(cfg, seed, batch)
+    readout = np.random.default_rng(seed).normal(size=(batch, cfg.token_dim)).astype(np.float32)
+    ref = np.asarray(jax.jit(make_sampler(cfg))(engine.params, readout, init, steps))
+    got = ort_octo.sampler.infer({"readout": readout, "init_noise": init,
+                                  "step_noise": np.ascontiguousarray(np.swapaxes(steps, 0, 1))})["actions"]
+    assert got.shape == (batch, cfg.action_horizon, cfg.action_dim) and rel_err(got, ref) <= REL_TOL
+    whole = np.asarray(jax.jit(make_infer(cfg))(engine.params, images, lang, masks, init, steps))
+    assert rel_err(ort_octo.predict(images, masks, lang, (init, steps)), whole) <= REL_TOL
+
+
+def test_graph_interface_and_metadata(exported):
+    engine, graphs = exported
+    cfg = engine.cfg
+    bb, sm = (onnx.load(str(p)) for p in (graphs.backbone, graphs.sampler))
+    for m in (bb, sm):
+        onnx.checker.check_model(m)
+        meta = {p.key: p.value for p in m.metadata_props}
+        assert meta["format"] == EXPORT_FORMAT and meta["exporter"].startswith("jax2onnx ")
+        assert meta["opset"] == str(m.opset_import[0].version) == "18" and meta["jax"] == jax.__version__
+        assert meta["params_sha256"] == params_digest(engine.params) and meta["latency_only"] == "true"
+        ops = {n.op_type for n in m.graph.node}
+        assert not ops & {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial"}
+        assert not ops & {"Loop", "Scan", "If", "Einsum"}  # unrolled, and matmuls as MatMul/Gemm
+        for i in m.graph.input:  # batch dynamic, the rest fixed
+            dims = i.type.tensor_type.shape.dim
+            assert dims[0].dim_param and all(d.dim_value > 0 for d in dims[1:])
+    elem = {i.name: i.type.tensor_type.elem_type for i in bb.graph.input}
+    assert list(elem) == backbone_input_names(cfg) == ["image_primary", "image_wrist", "lang_embedding", "masks",
+                                                       "lang_mask"]
+    assert [elem[n] for n in elem] == [onnx.TensorProto.UINT8] * 2 + [onnx.TensorProto.FLOAT] * 3  # float masks
+    assert [o.name for o in bb.graph.output] == ["readout"]
+    assert [i.name for i in sm.graph.input] == ["readout", "init_noise", "step_noise"]
+    assert [o.name for o in sm.graph.output] == ["actions"]
+
+
+def test_export_is_cached_by_parameter_digest(exported, shared_cache, monkeypatch):
+    engine, graphs = exported
+    monkeypatch.setenv("SAB_CACHE_DIR", str(shared_cache))
+    import engines.octo.export as ex
+
+    def no_export(*a, **k):
+        raise AssertionError("exported again although the cache holds these weights")
+
+    monkeypatch.setattr(ex, "export_octo", no_export)
+    assert onnx_for_engine(engine, search=()) == graphs
+    other = tiny_engine(seed=5)  # other weights: a different digest, so not the cached files
+    assert params_digest(other.params) != params_digest(engine.params)
+    with pytest.raises(AssertionError, match="exported again"):
+        onnx_for_engine(other, search=())
+
+
+def test_jax_runner_behind_the_same_interface(exported, ort_octo):
+    engine, _ = exported
+    cfg = engine.cfg
+    images, masks, lang, noise = fresh_inputs(cfg, 31, 1)
+    infer = make_infer(cfg)
+    params = jax.tree_util.tree_map(jnp.asarray, without_t5(engine.params))
+
+    def fn(image_primary, image_wrist, lang_embedding, masks, init_noise, step_noise):
+        return {"actions": infer(params, [image_primary, image_wrist], lang_embedding, masks, init_noise,
+                                 step_noise)}
+
+    feeds = dict(zip(backbone_input_names(cfg)[:3], (*images, lang)), masks=masks, init_noise=noise[0],
+                 step_noise=noise[1])
+    with JaxRunner(fn, warmup=feeds) as r:
+        got = r.infer(feeds)["actions"]
+    assert rel_err(ort_octo.predict(images, masks, lang, noise), got) <= REL_TOL
