@@ -1,0 +1,513 @@
+"""The 11 elementary question types. Every generator takes a seeded ``numpy`` Generator and
+returns an item whose answer is read from the exact scene state (see ``scene.py``).
+
+Item fields: ``type``, ``prompt``, ``answer_format`` (choice | yesno | order), ``labels``
+(choice/order), ``options`` (label -> text, choice), ``answer``, ``images`` (label, role,
+state, camera) and ``meta`` (what the oracle needs beyond the images' states).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from env import geometry
+from eval.reasoning import planning as P
+from eval.reasoning import scene as S
+
+TYPES = ("height", "adjacency", "rotation", "multiview", "rotation_status", "position",
+         "next_step", "dependency", "backwards", "ordering", "outlier")
+CHOICE4 = list("ABCD")
+ROTATION_STEP_DEG = 15
+
+
+# ----------------------------------------------------------------- standard scenes
+def standard_scene(rng: np.random.Generator, yaw_deg: float = 15.0, permute: bool = True) -> dict:
+    """Benchmark-like scene: 3-cell board (cell order shuffled) and the three blocks on the table."""
+    order = [str(s) for s in rng.permutation(geometry.SHAPES)] if permute else list(geometry.SHAPES)
+    board = S.standard_board(order, x=0.03 + rng.uniform(-0.02, 0.02), y=rng.uniform(-0.02, 0.02),
+                             yaw=float(np.deg2rad(rng.uniform(-yaw_deg, yaw_deg))))
+    st = {"board": board, "blocks": []}
+    for i, shape in enumerate(geometry.SHAPES):
+        x, y = free_xy(rng, st)
+        st["blocks"].append({"id": f"b{i}", "shape": shape, "color": S.DEFAULT_COLOR[shape], "x": x, "y": y,
+                             "z": S.Z_TABLE, "yaw": float(rng.uniform(-math.pi, math.pi))})
+    return st
+
+
+def free_xy(rng, st, exclude=(), region=((-0.32, -0.08), (-0.24, 0.24)), gap=0.02) -> tuple[float, float]:
+    """A table spot clear of the board and of every block footprint (discs) except ``exclude``."""
+    for _ in range(5000):
+        p = np.array([rng.uniform(*region[0]), rng.uniform(*region[1])])
+        if S.over_board(st["board"], p, 0.033):
+            continue
+        if all(np.hypot(p[0] - b["x"], p[1] - b["y"]) > 0.033 + S.radius(b["shape"]) + gap
+               for b in st["blocks"] if b["id"] not in exclude):
+            return float(p[0]), float(p[1])
+    raise RuntimeError("no free table spot")
+
+
+def cell_index(st, shape) -> int:
+    return next(i for i, c in enumerate(st["board"]["cells"]) if c[0] == shape)
+
+
+def by_id(st) -> dict:
+    return {b["id"]: b for b in st["blocks"]}
+
+
+def copy_state(st) -> dict:
+    return {"board": dict(st["board"], cells=[list(c) for c in st["board"]["cells"]]),
+            "blocks": [dict(b) for b in st["blocks"]]}
+
+
+def insert(st, blk) -> None:
+    """Drop a block through its own hole (it fits at the board's yaw)."""
+    xy = S.cell_world(st["board"], cell_index(st, blk["shape"]))
+    blk.update(x=float(xy[0]), y=float(xy[1]), z=S.Z_TABLE, yaw=float(st["board"]["yaw"]))
+
+
+def rest_on_cell(st, blk, i, yaw) -> None:
+    xy = S.cell_world(st["board"], i)
+    blk.update(x=float(xy[0]), y=float(xy[1]), z=S.Z_PLATE, yaw=float(yaw))
+
+
+def varied_scene(rng) -> dict:
+    """Standard scene where blocks may be inserted, rest on a hole they do not fit, or sit on another block."""
+    st = standard_scene(rng)
+    free_cells = list(range(3))
+    for j in rng.permutation(3):
+        blk = st["blocks"][int(j)]
+        mode = rng.choice(["table", "table", "plate", "inserted"])
+        own = cell_index(st, blk["shape"])
+        if mode == "inserted" and own in free_cells:
+            insert(st, blk)
+            free_cells.remove(own)
+        elif mode == "plate":
+            wrong = [i for i in free_cells if i != own]
+            if wrong:
+                i = wrong[int(rng.integers(len(wrong)))]
+                rest_on_cell(st, blk, i, rng.uniform(-math.pi, math.pi))
+                free_cells.remove(i)
+    # maybe stack one block on another that is not in a hole
+    if rng.uniform() < 0.5:
+        ids = [str(i) for i in rng.permutation([b["id"] for b in st["blocks"]])]
+        blocks = by_id(st)
+        top, base = blocks[ids[0]], blocks[ids[1]]
+        inserted = abs(base["z"] - S.Z_TABLE) < 1e-9 and S.over_board(st["board"], (base["x"], base["y"]), 0.0, 0.0)
+        if not inserted and abs(top["z"] - S.Z_TABLE) < 1e-9 and not S.over_board(st["board"], (top["x"], top["y"]), 0, 0):
+            top.update(x=base["x"], y=base["y"], z=base["z"] + S.STACK_DZ, yaw=float(rng.uniform(-math.pi, math.pi)))
+    return st
+
+
+def _img(label, role, state, camera="front"):
+    return {"label": label, "role": role, "state": S.round_state(state), "camera": camera}
+
+
+def _choice_item(kind, prompt, options, answer, images, meta=None, labels=None):
+    labels = labels or list(options)
+    return {"type": kind, "answer_format": "choice", "labels": labels, "options": options,
+            "prompt": prompt, "answer": answer, "images": images, "meta": meta or {}}
+
+
+def _letters_prompt(labels) -> str:
+    return f"Answer with one letter ({', '.join(labels)})."
+
+
+def _shuffle(rng, entries):
+    """entries: list of (payload, is_answer) -> (labels, payloads in label order, answer label)."""
+    perm = rng.permutation(len(entries))
+    labels = CHOICE4[: len(entries)]
+    payloads = [entries[j][0] for j in perm]
+    answer = next(lab for lab, j in zip(labels, perm) if entries[j][1])
+    return labels, payloads, answer
+
+
+# ----------------------------------------------------------------- 1 height
+def q_height(rng, index):
+    want_conflict = index % 2 == 0  # half the items: the image-plane position says the opposite
+    for _ in range(500):
+        st = varied_scene(rng)
+        a, b = [st["blocks"][int(i)] for i in rng.permutation(3)[:2]]
+        if abs(a["z"] - b["z"]) < 0.025:
+            continue
+        (ua, va), (ub, vb) = S.project("front", [[a["x"], a["y"], a["z"]], [b["x"], b["y"], b["z"]]])
+        conflict = (a["z"] > b["z"]) != (va < vb)
+        if conflict == want_conflict:
+            break
+    else:
+        raise RuntimeError("height: no scene")
+    options = {"A": S.block_name(a), "B": S.block_name(b)}
+    prompt = (f"Which block is higher above the table (compare the heights of their centres in 3D, "
+              f"not their positions in the image)? A: {options['A']}, B: {options['B']}. "
+              + _letters_prompt(["A", "B"]))
+    return _choice_item("height", prompt, options, "A" if a["z"] > b["z"] else "B", [_img("Image 1", "scene", st)],
+                        {"subjects": {"A": a["id"], "B": b["id"]}, "image_plane_conflict": bool(conflict)})
+
+
+# ----------------------------------------------------------------- 2 adjacency
+TOUCH_M = 0.001  # touching: closest points at most 1 mm apart
+APART_MIN_M = 0.012
+
+
+def q_adjacency(rng, index):
+    touch = index % 2 == 0
+    for _ in range(500):
+        st = standard_scene(rng)
+        a, b, c = [st["blocks"][int(i)] for i in rng.permutation(3)]
+        if touch and rng.uniform() < 0.3:
+            b.update(x=a["x"], y=a["y"], z=a["z"] + S.STACK_DZ)
+        else:
+            gap = 0.0003 if touch else rng.uniform(APART_MIN_M, 0.05)
+            b["x"], b["y"] = S.place_beside(a, b["shape"], b["yaw"], rng.uniform(-math.pi, math.pi), gap)
+            if S.over_board(st["board"], (b["x"], b["y"]), S.radius(b["shape"])) or not (-0.4 < b["x"] < -0.05):
+                continue
+        if min(S.blocks_distance(c, a), S.blocks_distance(c, b)) < 0.015:
+            continue
+        d = S.blocks_distance(a, b)
+        if (d <= TOUCH_M) == touch:
+            break
+    else:
+        raise RuntimeError("adjacency: no scene")
+    prompt = (f"Do {S.block_name(a)} and {S.block_name(b)} touch each other? Answer yes or no.")
+    return {"type": "adjacency", "answer_format": "yesno", "prompt": prompt, "answer": "yes" if d <= TOUCH_M else "no",
+            "images": [_img("Image 1", "scene", st)], "meta": {"subjects": [a["id"], b["id"]], "distance_m": d}}
+
+
+# ----------------------------------------------------------------- 3 rotation
+def rotation_needed_deg(shape, block_yaw, hole_yaw) -> float:
+    """Smallest counter-clockwise turn in [0, period) that makes the block fit its hole."""
+    period = math.degrees(geometry.symmetry_period(shape))
+    return round(math.degrees(hole_yaw - block_yaw) % period, 6) % period
+
+
+def q_rotation(rng, index):
+    st = standard_scene(rng, yaw_deg=20)
+    blk = st["blocks"][1 + int(rng.integers(2))]  # square or triangle: the circle fits at any yaw
+    period = math.degrees(geometry.symmetry_period(blk["shape"]))
+    values = list(range(ROTATION_STEP_DEG, int(period), ROTATION_STEP_DEG))
+    r = int(rng.choice(values))
+    blk["yaw"] = float(st["board"]["yaw"] - math.radians(r) + int(rng.integers(-1, 2)) * math.radians(period))
+    blk["x"], blk["y"] = free_xy(rng, st, exclude=(blk["id"],), region=((-0.2, -0.1), (-0.16, 0.16)))
+    others = [v for v in values if v != r]
+    opts = [r] + [int(v) for v in rng.choice(others, 3, replace=False)]
+    labels, vals, answer = _shuffle(rng, [(v, i == 0) for i, v in enumerate(opts)])
+    options = {lab: f"{v} degrees" for lab, v in zip(labels, vals)}
+    prompt = (f"The image is a top view. By how many degrees must {S.block_name(blk)} turn counter-clockwise "
+              f"(seen from above) so that it fits into its hole? "
+              + " ".join(f"{lab}: {options[lab]}." for lab in labels) + " " + _letters_prompt(labels))
+    return _choice_item("rotation", prompt, options, answer, [_img("Image 1", "scene", st, "top")],
+                        {"subject": blk["id"], "values_deg": dict(zip(labels, vals))})
+
+
+# ----------------------------------------------------------------- 4 multiview
+VIEW_PAIRS = (("front", "side"), ("front", "robot"), ("side", "robot"), ("robot", "side"), ("side", "front"),
+              ("robot", "front"))
+
+
+def mirror(st) -> dict:
+    """The scene mirrored across the board's axis (y -> 2 y_board - y)."""
+    out = copy_state(st)
+    yb = st["board"]["y"]
+    out["board"]["yaw"] = -st["board"]["yaw"]
+    out["board"]["cells"] = [[s, cx, -cy] for s, cx, cy in st["board"]["cells"]]
+    for b in out["blocks"]:
+        b["y"] = 2 * yb - b["y"]
+        b["yaw"] = -b["yaw"]
+    return out
+
+
+def _changed(rng, st, kind):
+    out = copy_state(st)
+    blocks = out["blocks"]
+    on_table = [b for b in blocks if abs(b["z"] - S.Z_TABLE) < 1e-9 and not S.over_board(out["board"], (b["x"], b["y"]), 0, 0)
+                and not any(abs(o["x"] - b["x"]) < 1e-9 and abs(o["y"] - b["y"]) < 1e-9 and o is not b for o in blocks)]
+    if kind == "mirror":
+        return mirror(st)
+    if kind == "move" and on_table:
+        b = on_table[int(rng.integers(len(on_table)))]
+        for _ in range(100):
+            x, y = free_xy(rng, out, exclude=(b["id"],))
+            if math.hypot(x - b["x"], y - b["y"]) > 0.08:
+                b["x"], b["y"] = x, y
+                return out
+        return None
+    if kind == "recolor":
+        i, j = rng.permutation(3)[:2]
+        blocks[i]["color"], blocks[j]["color"] = blocks[j]["color"], blocks[i]["color"]
+        return out
+    if kind == "rotate":
+        cand = [b for b in on_table if b["shape"] != "circle"]
+        if not cand:
+            return None
+        b = cand[int(rng.integers(len(cand)))]
+        period = geometry.symmetry_period(b["shape"])
+        b["yaw"] += rng.uniform(0.3, 0.5) * period * rng.choice([-1.0, 1.0])
+        return out
+    return None
+
+
+def q_multiview(rng, index):
+    st = varied_scene(rng)
+    ref_cam, cand_cam = VIEW_PAIRS[index % len(VIEW_PAIRS)]
+    entries = [(st, True)]
+    seen = {S.canonical(S.round_state(st))}
+    for kind in rng.permutation(["mirror", "move", "recolor", "rotate"]):
+        if len(entries) == 4:
+            break
+        d = _changed(rng, st, str(kind))
+        if d is not None and S.canonical(S.round_state(d)) not in seen:
+            seen.add(S.canonical(S.round_state(d)))
+            entries.append((d, False))
+    for attempt in range(200):  # scenes with no free table block: other colour swaps
+        if len(entries) == 4:
+            break
+        d = _changed(rng, st, ("recolor", "move")[attempt % 2])
+        if d is not None and S.canonical(S.round_state(d)) not in seen:
+            seen.add(S.canonical(S.round_state(d)))
+            entries.append((d, False))
+    labels, states, answer = _shuffle(rng, entries)
+    images = [_img("Image 1", "reference", st, ref_cam)] + [_img(lab, "candidate", s, cand_cam) for lab, s in zip(labels, states)]
+    prompt = (f"Image 1 shows a scene from the {ref_cam} camera. Images A-D are taken from the {cand_cam} camera. "
+              f"Which of them shows the same scene as Image 1? " + _letters_prompt(labels))
+    return _choice_item("multiview", prompt, {lab: f"image {lab}" for lab in labels}, answer, images,
+                        {"reference_camera": ref_cam, "candidate_camera": cand_cam})
+
+
+# ----------------------------------------------------------------- 5 rotation status
+def q_rotation_status(rng, index):
+    turn = index % 2 == 0
+    st = standard_scene(rng, yaw_deg=20)
+    blk = st["blocks"][1 + int(rng.integers(2))] if turn else st["blocks"][int(rng.integers(3))]
+    hole_yaw = st["board"]["yaw"]
+    if blk["shape"] == "circle":
+        blk["yaw"] = float(rng.uniform(-math.pi, math.pi))
+    else:
+        period = geometry.symmetry_period(blk["shape"])
+        off = rng.uniform(math.radians(15), period / 2) * rng.choice([-1.0, 1.0]) if turn else 0.0
+        blk["yaw"] = float(hole_yaw + off + int(rng.integers(-1, 2)) * period)
+    blk["x"], blk["y"] = free_xy(rng, st, exclude=(blk["id"],), region=((-0.2, -0.1), (-0.16, 0.16)))
+    fits = S.yaw_fits(blk["shape"], blk["yaw"], hole_yaw)
+    assert fits != turn
+    prompt = (f"The image is a top view. Must {S.block_name(blk)} turn about the vertical axis before it can fit "
+              f"into its hole? Answer yes or no.")
+    return {"type": "rotation_status", "answer_format": "yesno", "prompt": prompt, "answer": "no" if fits else "yes",
+            "images": [_img("Image 1", "scene", st, "top")], "meta": {"subject": blk["id"]}}
+
+
+# ----------------------------------------------------------------- 6 position
+def holes_left_to_right(st, camera) -> list[int]:
+    pts = [[*S.cell_world(st["board"], i), geometry.PLATE_TOP_Z] for i in range(len(st["board"]["cells"]))]
+    return [int(i) for i in np.argsort(S.project(camera, pts)[:, 0])]
+
+
+def q_position(rng, index):
+    st = standard_scene(rng, yaw_deg=25)
+    camera = ("front", "robot")[index % 2]
+    blk = st["blocks"][int(rng.integers(3))]
+    order = holes_left_to_right(st, camera)
+    labels = ["A", "B", "C"]
+    options = dict(zip(labels, ["the left hole", "the middle hole", "the right hole"]))
+    answer = labels[order.index(cell_index(st, blk["shape"]))]
+    prompt = (f"Into which hole of the board (as seen in this image) does {S.block_name(blk)} fit? "
+              + " ".join(f"{lab}: {options[lab]}." for lab in labels) + " " + _letters_prompt(labels))
+    return _choice_item("position", prompt, options, answer, [_img("Image 1", "scene", st, camera)],
+                        {"subject": blk["id"], "camera": camera})
+
+
+# ----------------------------------------------------------------- 7 next step
+def q_next_step(rng, index):
+    st = standard_scene(rng)
+    blocks = st["blocks"]
+    if rng.uniform() < 0.5:  # one block already in its hole
+        insert(st, blocks[int(rng.integers(3))])
+    waiting = [b for b in blocks if abs(b["z"] - S.Z_TABLE) > 1e-9 or not S.over_board(st["board"], (b["x"], b["y"]), 0, 0)]
+    x = waiting[int(rng.integers(len(waiting)))]
+    ix = blocks.index(x)
+    good = copy_state(st)
+    insert(good, good["blocks"][ix])
+    pool = []
+    occupied = {cell_index(st, b["shape"]) for b in blocks if b not in waiting}
+    wrong_cells = [i for i in range(3) if i != cell_index(st, x["shape"]) and i not in occupied]
+    d = copy_state(st)
+    rest_on_cell(d, d["blocks"][ix], wrong_cells[int(rng.integers(len(wrong_cells)))], rng.uniform(-math.pi, math.pi))
+    pool.append((d, "wrong_hole"))
+    other = [b for b in waiting if b is not x]
+    if other:
+        d = copy_state(st)
+        insert(d, d["blocks"][blocks.index(other[int(rng.integers(len(other)))])])
+        pool.append((d, "wrong_block"))
+    if x["shape"] != "circle":
+        d = copy_state(st)
+        period = geometry.symmetry_period(x["shape"])
+        rest_on_cell(d, d["blocks"][ix], cell_index(st, x["shape"]),
+                     st["board"]["yaw"] + rng.uniform(math.radians(20), period / 2) * rng.choice([-1.0, 1.0]))
+        pool.append((d, "bad_yaw"))
+    d = copy_state(st)
+    for _ in range(200):  # moved far enough to be seen
+        xy = free_xy(rng, d, exclude=(x["id"],))
+        if math.hypot(xy[0] - x["x"], xy[1] - x["y"]) > 0.08:
+            d["blocks"][ix]["x"], d["blocks"][ix]["y"] = xy
+            pool.append((d, "moved_on_table"))
+            break
+    pool.append((copy_state(st), "unchanged"))
+    chosen = [pool[int(j)] for j in rng.permutation(len(pool))[:3]]
+    labels, states, answer = _shuffle(rng, [(good, True)] + [(s, False) for s, _ in chosen])
+    images = [_img("Image 1", "current", st)] + [_img(lab, "candidate", s) for lab, s in zip(labels, states)]
+    prompt = (f"Image 1 shows the current state. Instruction: put {S.block_name(x)} into its matching hole. "
+              f"Which of images A-D shows the state right after this step is done correctly? " + _letters_prompt(labels))
+    return _choice_item("next_step", prompt, {lab: f"image {lab}" for lab in labels}, answer, images,
+                        {"subject": x["id"], "distractor_kinds": [k for _, k in chosen]})
+
+
+# ----------------------------------------------------------------- 8 dependency
+def q_dependency(rng, index):
+    want_board = index % 4 == 3  # the board is one of four options: it changes in a quarter of the items
+    for attempt in range(2000):
+        if attempt % 20 == 0:  # a scene where the wanted change is impossible: draw another
+            while True:
+                st = varied_scene(rng)
+                if not want_board or all(not S.over_board(st["board"], (b["x"], b["y"]), S.radius(b["shape"]))
+                                         for b in st["blocks"]):
+                    break
+            kinds = ["board"] if want_board else ["move", "rotate", "insert"]
+        kind = str(rng.choice(kinds))
+        after = copy_state(st)
+        if kind == "board":
+            after["board"]["y"] += rng.uniform(0.03, 0.05) * rng.choice([-1.0, 1.0])
+            after["board"]["yaw"] += math.radians(rng.uniform(10, 20)) * rng.choice([-1.0, 1.0])
+            if any(S.over_board(after["board"], (b["x"], b["y"]), S.radius(b["shape"])) for b in after["blocks"]):
+                continue
+            changed = "board"
+            break
+        d = _changed(rng, st, kind) if kind != "insert" else None
+        if kind == "insert":
+            free = [i for i, b in enumerate(after["blocks"]) if abs(b["z"] - S.Z_TABLE) < 1e-9
+                    and not S.over_board(st["board"], (b["x"], b["y"]), 0, 0)
+                    and not any(abs(o["x"] - b["x"]) < 1e-9 and abs(o["y"] - b["y"]) < 1e-9 and o is not b for o in after["blocks"])]
+            taken = [i for i, b in enumerate(after["blocks"]) if S.over_board(st["board"], (b["x"], b["y"]), 0, 0)]
+            free = [i for i in free if not any(np.allclose(S.cell_world(st["board"], cell_index(st, after["blocks"][i]["shape"])),
+                                                           (after["blocks"][j]["x"], after["blocks"][j]["y"])) for j in taken)]
+            if not free:
+                continue
+            i = free[int(rng.integers(len(free)))]
+            insert(after, after["blocks"][i])
+            d = after
+        if d is None:
+            continue
+        after = d
+        changed = next(b["id"] for b, a in zip(st["blocks"], after["blocks"]) if b != a)
+        break
+    else:
+        raise RuntimeError("dependency: no change")
+    labels = CHOICE4
+    names = [S.block_name(b) for b in st["blocks"]] + ["the board"]
+    ids = [b["id"] for b in st["blocks"]] + ["board"]
+    perm = rng.permutation(3)
+    names = [names[j] for j in perm] + [names[3]]
+    ids = [ids[j] for j in perm] + [ids[3]]
+    options = dict(zip(labels, names))
+    prompt = ("Images 1 and 2 show the same scene before and after one object was moved. Which object changed? "
+              + " ".join(f"{lab}: {options[lab]}." for lab in labels) + " " + _letters_prompt(labels))
+    return _choice_item("dependency", prompt, options, labels[ids.index(changed)],
+                        [_img("Image 1", "before", st), _img("Image 2", "after", after)],
+                        {"option_ids": dict(zip(labels, ids)), "change": kind})
+
+
+# ----------------------------------------------------------------- 9-11: stacked-block domain
+RULES = ("One move takes a block that has nothing resting on it and drops it into its matching hole of the board "
+         "(it falls through and stands on the table under the hole). ")
+
+
+def q_backwards(rng, index):
+    for _ in range(100):
+        dom = P.make_domain(rng, int(rng.integers(3, 7)))
+        order = P.random_order(dom, rng)
+        m = int(rng.integers(2, min(4, len(order)) + 1))
+        target = set(order[:m])
+        if any(u in target and v in target for u, v in P.edges(dom)) or rng.uniform() < 0.2:
+            break
+    mid = P.random_order(dom, rng, target)[: int(rng.integers(1, m))]  # any legal path, not only the reference
+    good = P.state_of(dom, mid)
+    avoid = [P.state_of(dom, s) for s in P.ideals(dom, target)]
+    steps = []
+    for _ in range(3):
+        j = int(rng.integers(0, m))
+        path = P.random_order(dom, rng, target)
+        steps.append((path[:j], path[j]))
+    dis = P.draw_distractors(dom, steps, target, rng, avoid=avoid)
+    labels, states, answer = _shuffle(rng, [(good, True)] + [(s, False) for s, _ in dis])
+    images = [_img("Initial", "initial", P.state_of(dom, ()), "plan"), _img("Target", "target", P.state_of(dom, target), "plan")]
+    images += [_img(lab, "candidate", s, "plan") for lab, s in zip(labels, states)]
+    prompt = (RULES + "Image 'Initial' shows the start and 'Target' the goal. Which of images A-D is a valid "
+              "intermediate state on the way from the start to the goal? " + _letters_prompt(labels))
+    return _choice_item("backwards", prompt, {lab: f"image {lab}" for lab in labels}, answer, images,
+                        {"domain": dom, "target": sorted(target), "distractor_kinds": [k for _, k in dis]})
+
+
+def q_ordering(rng, index):
+    dom = P.make_domain(rng, int(rng.integers(4, 8)))
+    order = P.random_order(dom, rng)
+    picks = sorted(int(i) for i in rng.choice(len(order) + 1, 4, replace=False))
+    states = [P.state_of(dom, order[:i]) for i in picks]
+    perm = rng.permutation(4)
+    labels = CHOICE4
+    shown = [states[j] for j in perm]
+    answer = [labels[list(perm).index(i)] for i in range(4)]
+    images = [_img(lab, "state", s, "plan") for lab, s in zip(labels, shown)]
+    prompt = (RULES + "Images A-D show four states of one assembly, in which blocks are moved one at a time. "
+              "Put them in order from first to last. Answer with the four letters in order, e.g. 'Answer: C, A, D, B'.")
+    return {"type": "ordering", "answer_format": "order", "labels": labels, "prompt": prompt, "answer": answer,
+            "images": images, "meta": {"domain": dom, "steps": picks}}
+
+
+def outlier_candidates(dom, states) -> list[int]:
+    """Indices i such that the other three states are legal and nested (one sequence)."""
+    read = [P.read_state(dom, s) for s in states]
+    out = []
+    for i in range(len(states)):
+        rest = [r for j, r in enumerate(read) if j != i]
+        if all(ok for ok, _ in rest):
+            sets = [ins for _, ins in rest]
+            if all(a <= b or b <= a for a in sets for b in sets) and len({frozenset(s) for s in sets}) == 3:
+                out.append(i)
+    return out
+
+
+def q_outlier(rng, index):
+    for _ in range(200):
+        dom = P.make_domain(rng, int(rng.integers(4, 8)))
+        order = P.random_order(dom, rng)
+        picks = sorted(int(i) for i in rng.choice(len(order) + 1, 3, replace=False))
+        chain = [P.state_of(dom, order[:i]) for i in picks]
+        if rng.uniform() < 0.3:  # a legal state from another sequence
+            other = P.random_order(dom, rng)
+            odd, kind = P.state_of(dom, other[: int(rng.integers(1, len(other) + 1))]), "other_sequence"
+        else:
+            j = int(rng.integers(0, len(order)))
+            kind = str(rng.choice(["wrong_hole", "bad_yaw", "precedence"]))
+            odd = P.distractor(dom, kind, set(order[:j]), order[j], set(order), rng)
+            if odd is None:
+                continue
+        states = chain + [odd]
+        if outlier_candidates(dom, states) == [3]:
+            break
+    else:
+        raise RuntimeError("outlier: no item")
+    labels, shown, answer = _shuffle(rng, [(s, i == 3) for i, s in enumerate(states)])
+    images = [_img(lab, "state", s, "plan") for lab, s in zip(labels, shown)]
+    prompt = (RULES + "Three of images A-D are states of one assembly sequence; one does not belong to it "
+              "(it could not occur in the same sequence, or could not occur at all). Which one? " + _letters_prompt(labels))
+    return _choice_item("outlier", prompt, {lab: f"image {lab}" for lab in labels}, answer, images,
+                        {"domain": dom, "outlier_kind": kind})
+
+
+GENERATORS = {
+    "height": q_height, "adjacency": q_adjacency, "rotation": q_rotation, "multiview": q_multiview,
+    "rotation_status": q_rotation_status, "position": q_position, "next_step": q_next_step,
+    "dependency": q_dependency, "backwards": q_backwards, "ordering": q_ordering, "outlier": q_outlier,
+}
+
+CHANCE = {"height": 1 / 2, "adjacency": 1 / 2, "rotation": 1 / 4, "multiview": 1 / 4, "rotation_status": 1 / 2,
+          "position": 1 / 3, "next_step": 1 / 4, "dependency": 1 / 4, "backwards": 1 / 4, "ordering": 1 / 24,
+          "outlier": 1 / 4}

@@ -1,0 +1,362 @@
+"""Static scenes for the reasoning probe: boards, blocks, cameras, placement and rendering.
+
+A *state* is a plain JSON-able dict, the exact simulator state of a still scene::
+
+    {"board": {"x", "y", "yaw", "cell_size", "cells": [[shape, cx, cy], ...]},
+     "blocks": [{"id", "shape", "color", "x", "y", "z", "yaw"}, ...]}
+
+(board frame as in env.geometry; block x, y, z is the prism centre in world
+frame, yaw about world z). Poses are placed analytically, never simulated: a
+block on the table has z = H/2, on another block z = below + H + knob, resting
+on the plate z = plate top + H/2, inserted (fallen through its hole) it stands
+on the table under the hole. The renderer draws the same meshes as the
+benchmark task (env.geometry pieces, env.task mesh cache) without the robot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from env import geometry
+
+H = geometry.BLOCK_HEIGHT
+Z_TABLE = H / 2
+Z_PLATE = geometry.PLATE_TOP_Z + H / 2
+STACK_DZ = H + geometry.KNOB_HEIGHT  # the upper block rests on the lower block's knob
+IMAGE_SIZE = 256
+FOVY = 0.9  # rad
+
+# colour name -> rgb; names go into prompts, so every block in a scene has its own colour
+PALETTE = {
+    "red": (0.85, 0.2, 0.15), "blue": (0.15, 0.35, 0.85), "yellow": (0.95, 0.75, 0.1),
+    "green": (0.2, 0.65, 0.25), "purple": (0.55, 0.25, 0.7), "orange": (1.0, 0.5, 0.05),
+    "cyan": (0.1, 0.75, 0.8), "white": (0.95, 0.95, 0.95), "black": (0.08, 0.08, 0.08),
+}
+DEFAULT_COLOR = {"circle": "red", "square": "blue", "triangle": "yellow"}  # the benchmark's colours
+BOARD_RGB = (0.55, 0.42, 0.3)
+TABLE_RGB = (0.72, 0.72, 0.70)
+
+# camera name -> (eye, target); every camera looks at the workspace from its own side
+CAMERAS = {
+    "front": ((0.36, 0.0, 0.42), (-0.07, 0.0, 0.0)),  # from beyond the board, like the benchmark's third-person view
+    "side": ((-0.06, 0.50, 0.34), (-0.06, 0.0, 0.0)),
+    "robot": ((-0.56, 0.0, 0.40), (-0.02, 0.0, 0.0)),  # from the robot's base
+    "top": ((-0.05, 0.0, 0.62), (-0.049, 0.0, 0.0)),
+    "plan": ((0.40, 0.0, 0.58), (-0.13, 0.0, 0.02)),  # planning scenes: the 3x3 board and the stacks behind it
+}
+
+
+def block_name(block: dict) -> str:
+    return f"the {block['color']} {block['shape']}"
+
+
+def canonical(obj) -> str:
+    """JSON with sorted keys and floats rounded to 1e-6: the hashed form of a state."""
+    def rnd(x):
+        if isinstance(x, float):
+            v = round(x, 6)
+            return 0.0 if v == 0 else v
+        if isinstance(x, dict):
+            return {k: rnd(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [rnd(v) for v in x]
+        return x
+    return json.dumps(rnd(obj), sort_keys=True, separators=(",", ":"))
+
+
+def image_key(state: dict, camera: str, size: int = IMAGE_SIZE) -> str:
+    """File stem of a rendered state: a hash of the state, not of the pixels."""
+    return hashlib.sha256(f"{camera}|{size}|{canonical(state)}".encode()).hexdigest()[:20]
+
+
+def round_state(state: dict) -> dict:
+    return json.loads(canonical(state))
+
+
+# ----------------------------------------------------------------- boards
+def standard_board(order=geometry.SHAPES, x=0.03, y=0.0, yaw=0.0) -> dict:
+    """The benchmark's 3-cell board, cells along board +y in ``order``."""
+    cells = [[s, 0.0, (i - 1) * geometry.CELL_SIZE] for i, s in enumerate(order)]
+    return {"x": float(x), "y": float(y), "yaw": float(yaw), "cell_size": geometry.CELL_SIZE, "cells": cells}
+
+
+GRID_CELL = 0.085  # planning board: 3x3 cells, every hole keeps >= 5 mm of plate to the cell edge
+
+
+def grid_board(shapes, x=0.07, y=0.0, yaw=0.0) -> dict:
+    """3x3 planning board (a variant built from env.geometry pieces); cells row-major along +x then +y."""
+    cells = []
+    for i, s in enumerate(shapes):
+        r, c = divmod(i, 3)
+        cells.append([s, (r - 1) * GRID_CELL, (c - 1) * GRID_CELL])
+    return {"x": float(x), "y": float(y), "yaw": float(yaw), "cell_size": GRID_CELL, "cells": cells}
+
+
+def cell_world(board: dict, i: int) -> np.ndarray:
+    _, cx, cy = board["cells"][i]
+    c, s = math.cos(board["yaw"]), math.sin(board["yaw"])
+    return np.array([board["x"] + c * cx - s * cy, board["y"] + s * cx + c * cy])
+
+
+def board_half_extent(board: dict) -> np.ndarray:
+    xs = [c[1] for c in board["cells"]]
+    ys = [c[2] for c in board["cells"]]
+    h = board["cell_size"] / 2
+    return np.array([max(abs(min(xs)), abs(max(xs))) + h, max(abs(min(ys)), abs(max(ys))) + h])
+
+
+def over_board(board: dict, xy, radius: float, gap: float = 0.01) -> bool:
+    """True when a disc at xy comes within ``gap`` of the board's rectangle."""
+    c, s = math.cos(-board["yaw"]), math.sin(-board["yaw"])
+    d = np.asarray(xy, dtype=float) - [board["x"], board["y"]]
+    local = np.array([c * d[0] - s * d[1], s * d[0] + c * d[1]])
+    outside = np.maximum(np.abs(local) - board_half_extent(board), 0.0)
+    return float(np.linalg.norm(outside)) <= radius + gap
+
+
+@lru_cache(maxsize=None)
+def _hole(shape: str, clearance: float) -> np.ndarray:
+    return geometry.hole_outline(shape, clearance)
+
+
+def board_pieces(board: dict, clearance: float = geometry.DEFAULT_CLEARANCE) -> list[np.ndarray]:
+    """Convex prisms of the plate (board frame), as env.geometry.plate_pieces but for any cell list."""
+    h = board["cell_size"] / 2
+    square = np.array([[h, -h], [h, h], [-h, h], [-h, -h]])
+    z0, z1 = geometry.PLATE_TOP_Z - geometry.PLATE_THICKNESS, geometry.PLATE_TOP_Z
+    pieces = []
+    for shape, cx, cy in board["cells"]:
+        hole = _hole(shape, clearance)
+        normals, offsets = geometry._halfplanes(hole)
+        for i in range(len(hole)):
+            v0, v1 = hole[i], hole[(i + 1) % len(hole)]
+            poly = geometry._clip(square, np.array([v0[1], -v0[0]]), 0.0)
+            poly = geometry._clip(poly, np.array([-v1[1], v1[0]]), 0.0)
+            poly = geometry._clip(poly, -normals[i], -offsets[i])
+            poly = geometry._drop_collinear(poly)
+            if len(poly) < 3 or abs(geometry._signed_area(poly)) < geometry._AREA_EPS:
+                continue
+            pieces.append(geometry._extrude(poly + [cx, cy], z0, z1))
+    return pieces
+
+
+def board_rails(board: dict) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Two rails under the plate's long edges (+-x), from the table to the plate bottom."""
+    hx, hy = board_half_extent(board)
+    height = geometry.PLATE_TOP_Z - geometry.PLATE_THICKNESS
+    w = geometry.RAIL_WIDTH
+    half = np.array([w / 2, hy, height / 2])
+    return [(np.array([sx * (hx - w / 2), 0.0, height / 2]), half.copy()) for sx in (-1.0, 1.0)]
+
+
+# ----------------------------------------------------------------- blocks and footprints
+def yaw_fits(shape: str, block_yaw: float, hole_yaw: float, clearance: float = geometry.DEFAULT_CLEARANCE) -> bool:
+    return geometry.fits(shape, shape, clearance, geometry.yaw_error(shape, block_yaw, hole_yaw) * -1.0)
+
+
+def footprint(block: dict) -> np.ndarray:
+    """World xy outline of a block's prism."""
+    c, s = math.cos(block["yaw"]), math.sin(block["yaw"])
+    return geometry.block_outline(block["shape"]) @ np.array([[c, s], [-s, c]]) + [block["x"], block["y"]]
+
+
+def radius(shape: str) -> float:
+    return float(np.max(np.linalg.norm(geometry.block_outline(shape), axis=1)))
+
+
+def _seg_dist(p, a, b) -> float:
+    ab = b - a
+    t = np.clip(np.dot(p - a, ab) / max(np.dot(ab, ab), 1e-18), 0.0, 1.0)
+    return float(np.linalg.norm(p - (a + t * ab)))
+
+
+def polygon_distance(P: np.ndarray, Q: np.ndarray) -> float:
+    """Distance between two convex polygons (0 when they overlap; separating-axis test)."""
+    for poly in (P, Q):
+        n, _ = geometry._halfplanes(poly)
+        for axis in n:
+            if (P @ axis).max() < (Q @ axis).min() or (Q @ axis).max() < (P @ axis).min():
+                break
+        else:
+            continue
+        break
+    else:
+        return 0.0
+    d = min(_seg_dist(p, Q[j], Q[(j + 1) % len(Q)]) for p in P for j in range(len(Q)))
+    return min(d, min(_seg_dist(q, P[j], P[(j + 1) % len(P)]) for q in Q for j in range(len(P))))
+
+
+def vertical_overlap(a: dict, b: dict) -> bool:
+    """Whether the prisms' z ranges overlap (knob ignored)."""
+    return abs(a["z"] - b["z"]) < H - 1e-9
+
+
+def blocks_distance(a: dict, b: dict) -> float:
+    """3-D gap between two blocks: footprint gap if side by side; the knob gap if stacked."""
+    if vertical_overlap(a, b):
+        return polygon_distance(footprint(a), footprint(b))
+    lo, hi = (a, b) if a["z"] < b["z"] else (b, a)
+    gap_z = (hi["z"] - H / 2) - (lo["z"] + H / 2 + geometry.KNOB_HEIGHT)
+    if np.hypot(hi["x"] - lo["x"], hi["y"] - lo["y"]) < radius(hi["shape"]):  # the knob is under the upper block
+        return max(gap_z, 0.0)
+    return max(gap_z, polygon_distance(footprint(a), footprint(b)))
+
+
+def place_beside(a: dict, shape: str, yaw: float, direction: float, gap: float) -> tuple[float, float]:
+    """xy for a ``shape`` block at ``yaw`` beside block ``a`` along ``direction`` (rad) with footprint ``gap``."""
+    u = np.array([math.cos(direction), math.sin(direction)])
+    probe = {"shape": shape, "yaw": yaw}
+    lo, hi = 0.0, radius(a["shape"]) + radius(shape) + gap + 0.01
+    for _ in range(50):  # bisection on the centre distance: the footprint gap grows with it
+        mid = (lo + hi) / 2
+        probe["x"], probe["y"] = a["x"] + mid * u[0], a["y"] + mid * u[1]
+        if polygon_distance(footprint(a), footprint(probe)) < gap:
+            lo = mid
+        else:
+            hi = mid
+    return float(a["x"] + hi * u[0]), float(a["y"] + hi * u[1])
+
+
+# ----------------------------------------------------------------- cameras
+def look_at_matrix(eye, target) -> np.ndarray:
+    """Rotation with columns (forward, left, up): the SAPIEN camera convention."""
+    eye, target = np.asarray(eye, float), np.asarray(target, float)
+    f = target - eye
+    f /= np.linalg.norm(f)
+    left = np.cross([0.0, 0.0, 1.0], f)
+    left /= np.linalg.norm(left)
+    up = np.cross(f, left)
+    return np.stack([f, left, up], axis=1)
+
+
+def project(camera: str, points, size: int = IMAGE_SIZE) -> np.ndarray:
+    """Pixel (u right, v down) of world points in a camera's image."""
+    eye, target = CAMERAS[camera]
+    R = look_at_matrix(eye, target)
+    d = (np.atleast_2d(np.asarray(points, float)) - eye) @ R  # (forward, left, up)
+    focal = (size / 2) / math.tan(FOVY / 2)
+    return np.stack([size / 2 - focal * d[:, 1] / d[:, 0], size / 2 - focal * d[:, 2] / d[:, 0]], axis=1)
+
+
+def _pose_from(eye, target):
+    import sapien
+    from scipy.spatial.transform import Rotation
+
+    x, y, z, w = Rotation.from_matrix(look_at_matrix(eye, target)).as_quat()
+    return sapien.Pose(p=list(map(float, eye)), q=[float(w), float(x), float(y), float(z)])
+
+
+def _yaw_q(yaw: float) -> list[float]:
+    return [math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2)]
+
+
+# ----------------------------------------------------------------- rendering
+class Renderer:
+    """One SAPIEN scene reused for every still. Boards are assembled from pooled per-cell actors
+    and blocks come from pools (recoloured per state); unused actors are parked below the table.
+    A fixed set of actors matters: an actor per board layout exhausts lavapipe (segfault)."""
+
+    PARK_Z = -5.0
+
+    def __init__(self, size: int = IMAGE_SIZE, clearance: float = geometry.DEFAULT_CLEARANCE):
+        import sapien
+
+        from env.task import convex_mesh_file
+
+        self._sapien = sapien
+        self._mesh = convex_mesh_file
+        self.size = size
+        self.clearance = clearance
+        self.scene = sapien.Scene()
+        self.scene.set_ambient_light([0.3, 0.3, 0.3])  # env.task LIGHTING["default"]
+        self.scene.add_directional_light([1, 1, -1], [1, 1, 1])
+        self.scene.add_directional_light([0, 0, -1], [1, 1, 1])
+        b = self.scene.create_actor_builder()
+        b.add_box_visual(sapien.Pose(p=[0, 0, -0.01]), [1.5, 1.5, 0.01],
+                         material=sapien.render.RenderMaterial(base_color=[*TABLE_RGB, 1]))
+        b.build_kinematic(name="table")
+        self._pools: dict[tuple, list] = {}  # ("cell", shape, size) / ("rails", extent) / ("block", shape) -> actors
+        self._materials: dict[int, object] = {}
+        self._cams = {}
+
+    def _pooled(self, key, i, build):
+        """The i-th actor of a pool (built on first use and parked): a fixed set of actors, whatever the layouts."""
+        pool = self._pools.setdefault(key, [])
+        while len(pool) <= i:
+            actor = build()
+            actor.set_pose(self._sapien.Pose(p=[0, 0, self.PARK_Z]))
+            pool.append(actor)
+        return pool[i]
+
+    def _cell_builder(self, shape: str, cell_size: float):
+        sapien = self._sapien
+        b = self.scene.create_actor_builder()
+        mat = sapien.render.RenderMaterial(base_color=[*BOARD_RGB, 1], roughness=0.8)
+        for piece in board_pieces({"cell_size": cell_size, "cells": [[shape, 0.0, 0.0]]}, self.clearance):
+            b.add_visual_from_file(self._mesh(piece), material=mat)
+        return b.build_kinematic(name=f"cell_{shape}")
+
+    def _rail_builder(self, board: dict):
+        sapien = self._sapien
+        b = self.scene.create_actor_builder()
+        mat = sapien.render.RenderMaterial(base_color=[*BOARD_RGB, 1], roughness=0.8)
+        for centre, half in board_rails(board):
+            b.add_box_visual(sapien.Pose(p=centre), half, material=mat)
+        return b.build_kinematic(name="rails")
+
+    def _place_board(self, board: dict, used: dict) -> None:
+        """The board as one actor per cell (same pieces as ``board_pieces``) plus its rails."""
+        sapien = self._sapien
+        q = _yaw_q(board["yaw"])
+        for i, (shape, _, _) in enumerate(board["cells"]):
+            key = ("cell", shape, round(board["cell_size"], 6))
+            actor = self._pooled(key, used.get(key, 0), lambda: self._cell_builder(shape, board["cell_size"]))
+            used[key] = used.get(key, 0) + 1
+            xy = cell_world(board, i)
+            actor.set_pose(sapien.Pose(p=[float(xy[0]), float(xy[1]), 0.0], q=q))
+        key = ("rails", canonical([round(float(v), 6) for v in board_half_extent(board)]))
+        actor = self._pooled(key, 0, lambda: self._rail_builder(board))
+        used[key] = 1
+        actor.set_pose(sapien.Pose(p=[board["x"], board["y"], 0.0], q=q))
+
+    def _block_builder(self, shape: str):
+        sapien = self._sapien
+        b = self.scene.create_actor_builder()
+        mat = sapien.render.RenderMaterial(base_color=[1, 1, 1, 1], roughness=0.5)
+        for part in geometry.block_collision_parts(shape):
+            b.add_visual_from_file(self._mesh(part), material=mat)
+        actor = b.build_kinematic(name=f"block_{shape}")
+        self._materials[id(actor)] = mat
+        return actor
+
+    def _camera(self, name: str):
+        if name not in self._cams:
+            cam = self.scene.add_camera(name, self.size, self.size, FOVY, 0.01, 10)
+            cam.entity.set_pose(_pose_from(*CAMERAS[name]))
+            self._cams[name] = cam
+        return self._cams[name]
+
+    def render(self, state: dict, camera: str) -> np.ndarray:
+        """uint8 (size, size, 3) image of a state."""
+        sapien = self._sapien
+        used: dict = {}
+        self._place_board(state["board"], used)
+        for blk in state["blocks"]:
+            key = ("block", blk["shape"])
+            actor = self._pooled(key, used.get(key, 0), lambda: self._block_builder(blk["shape"]))
+            used[key] = used.get(key, 0) + 1
+            self._materials[id(actor)].set_base_color([*PALETTE[blk["color"]], 1.0])
+            actor.set_pose(sapien.Pose(p=[blk["x"], blk["y"], blk["z"]], q=_yaw_q(blk["yaw"])))
+        for key, pool in self._pools.items():
+            for actor in pool[used.get(key, 0):]:
+                actor.set_pose(sapien.Pose(p=[0, 0, self.PARK_Z]))
+        cam = self._camera(camera)
+        self.scene.update_render()
+        cam.take_picture()
+        rgb = cam.get_picture("Color")[..., :3]
+        return (np.clip(rgb, 0.0, 1.0) * 255).round().astype(np.uint8)

@@ -1,0 +1,282 @@
+"""Assembly reasoning probe (eval/reasoning): generators, oracle, distractors, order checker,
+parsing, planning and generation scoring, deterministic build, CLI errors."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from eval.reasoning import answerers as A
+from eval.reasoning import build as B
+from eval.reasoning import generation as G
+from eval.reasoning import parsing as PA
+from eval.reasoning import planning as P
+from eval.reasoning import questions as Q
+from eval.reasoning import scene as S
+from eval.reasoning.report import critical_count, run_items, summarize
+from tests.conftest import REPO_ROOT
+
+PER_TYPE = 6
+
+
+@pytest.fixture(scope="module")
+def items():
+    return B.generate_items(seed=3, per_type=PER_TYPE, lite=2, plan_ks=(1, 2, 4, 8), plan_per_k=2)
+
+
+def _oracle_ok(item):
+    parsed = PA.parse_answer(item, A.Oracle().answer(item))
+    if item["type"] == "plan":
+        s = P.score_plan(item, parsed)
+        return s["exact"] and s["set"] and s["overlap"] == 1.0
+    return parsed == item["answer"]
+
+
+def test_every_type_generates_answerable_items(items):
+    types = {it["type"] for it in items}
+    assert types == set(Q.TYPES) | {"plan"}
+    for it in items:
+        assert it["images"] and it["prompt"]
+        assert _oracle_ok(it), it["id"]
+        if it["answer_format"] == "choice":
+            assert it["answer"] in it["labels"]
+    ids = [it["id"] for it in items]
+    assert len(ids) == len(set(ids))
+
+
+def test_answers_are_balanced_where_they_should_be(items):
+    for t in ("height", "adjacency", "rotation_status"):
+        answers = [it["answer"] for it in items if it["type"] == t]
+        assert len(set(answers)) == 2, t
+    heights = [it for it in items if it["type"] == "height"]
+    assert any(it["meta"]["image_plane_conflict"] for it in heights)  # the image says the opposite
+    assert not all(it["meta"]["image_plane_conflict"] for it in heights)
+
+
+def test_oracle_on_more_seeds():
+    for t in Q.TYPES:
+        for i in range(20, 26):
+            it = Q.GENERATORS[t](np.random.default_rng([11, Q.TYPES.index(t), i]), i)
+            it["id"] = f"{t}-{i}"
+            assert _oracle_ok(it), (t, i)
+
+
+def test_plan_distractors_never_valid_and_valid_candidates_are():
+    for k in range(1, 9):
+        for i in range(3):
+            item = P.make_plan_item(np.random.default_rng([5, k, i]), k)
+            dom, target = item["meta"]["domain"], set(item["meta"]["target"])
+            cands = [im for im in item["images"] if im["role"] == "candidate"]
+            assert len(cands) == 2 * k
+            valid_states = {S.canonical(P.state_of(dom, s)) for s in P.ideals(dom, target)}
+            for im in cands:
+                kind = item["meta"]["kinds"][im["label"]]
+                ok = P.valid_toward(dom, im["state"], target)
+                assert ok == (kind == "valid"), (k, i, kind)
+                if kind != "valid":
+                    assert S.canonical(im["state"]) not in valid_states
+            # real ordering constraints inside the target
+            assert any(u in target and v in target for u, v in P.edges(dom))
+            assert S.canonical(item["images"][1]["state"]) != S.canonical(item["images"][0]["state"])
+
+
+def test_elementary_distractors_are_wrong(items):
+    for it in items:
+        if it["type"] == "backwards":
+            dom, target = it["meta"]["domain"], set(it["meta"]["target"])
+            good = [im["label"] for im in it["images"] if im["role"] == "candidate"
+                    and P.valid_toward(dom, im["state"], target)]
+            assert good == [it["answer"]]
+        if it["type"] == "outlier":
+            states = [im["state"] for im in it["images"]]
+            assert Q.outlier_candidates(it["meta"]["domain"], states) == [it["labels"].index(it["answer"])]
+        if it["type"] == "multiview":
+            ref = S.canonical(it["images"][0]["state"])
+            same = [im["label"] for im in it["images"][1:] if S.canonical(im["state"]) == ref]
+            assert same == [it["answer"]]
+
+
+# ----------------------------------------------------------------- order checker (property test)
+def _random_dag(rng, n):
+    nodes = [f"n{i}" for i in range(n)]
+    rank = rng.permutation(n)
+    edges = [(nodes[a], nodes[b]) for a in range(n) for b in range(n)
+             if rank[a] < rank[b] and rng.uniform() < 0.35]
+    return nodes, edges
+
+
+def _brute_force_ok(order, edges):
+    pos = {x: i for i, x in enumerate(order)}
+    return all(pos[u] < pos[v] for u, v in edges)
+
+
+def test_order_checker_accepts_exactly_the_topological_orders():
+    rng = np.random.default_rng(0)
+    for _ in range(150):
+        n = int(rng.integers(1, 7))
+        nodes, edges = _random_dag(rng, n)
+        topo = {tuple(o) for o in P.all_topological_orders(nodes, edges)}
+        for perm in itertools.permutations(nodes):
+            assert P.is_topological_order(perm, nodes, edges) == _brute_force_ok(perm, edges)
+            assert (perm in topo) == _brute_force_ok(perm, edges)
+        # wrong length, duplicates and foreign nodes are rejected
+        assert not P.is_topological_order(list(nodes)[:-1], nodes, edges) or n == 0
+        assert not P.is_topological_order(list(nodes) + [nodes[0]], nodes, edges)
+        assert not P.is_topological_order(list(nodes[:-1]) + ["zz"], nodes, edges)
+
+
+def test_plan_scoring_accepts_other_legal_orders_and_rejects_violations():
+    item = P.make_plan_item(np.random.default_rng([9, 4, 0]), 4)
+    dom, target = item["meta"]["domain"], set(item["meta"]["target"])
+    ref = item["answer"]
+    s = P.score_plan(item, ref)
+    assert s == {"exact": True, "set": True, "overlap": 1.0, "parsed": True}
+    # another legal order: replace the candidates by states of a different topological order
+    orders = P.all_topological_orders(sorted(target), [e for e in P.edges(dom) if e[0] in target and e[1] in target])
+    k = item["k"]
+    ref_order = item["meta"]["reference_order"]
+    other = next((o for o in orders if o[:k] != ref_order[:k]), None) or next(o for o in orders if o != ref_order)
+    alt = json.loads(json.dumps(item))
+    by_label = {im["label"]: im for im in alt["images"]}
+    for step, lab in enumerate(ref, start=1):
+        by_label[lab]["state"] = P.state_of(dom, other[:step])
+    assert P.score_plan(alt, ref)["exact"]
+    # a violating order of the same states is rejected
+    rev = list(reversed(ref))
+    r = P.score_plan(item, rev)
+    assert not r["exact"] and r["set"] and r["overlap"] == 1.0
+    wrong = [lab for lab in item["labels"] if lab not in ref]
+    r = P.score_plan(item, ref[:-1] + wrong[:1])
+    assert not r["exact"] and not r["set"] and r["overlap"] == pytest.approx(3 / 4)
+    assert P.score_plan(item, None)["overlap"] == 0.0
+    assert not P.score_plan(item, ref[:3])["exact"]
+
+
+# ----------------------------------------------------------------- parsing
+@pytest.mark.parametrize("text,expected", [
+    ("B", "B"), ("Answer: C", "C"), ("**Answer:** (d)", "D"), ("The answer is B.", "B"),
+    ("Image A shows the block on the table, so it cannot be right.\nFinal answer: C", "C"),
+    ("A block in image C is inserted; I choose C.", "C"), ("I think it's B", "B"),
+    ("Answer: B, because A is lower", "B"), ("A or B", None), ("no idea", None), ("", None),
+    ("The correct option is (C).", "C"), ("answer: 45 degrees", "B"),
+])
+def test_parse_choice(text, expected):
+    opts = {"A": "15 degrees", "B": "45 degrees", "C": "60 degrees", "D": "75 degrees"}
+    assert PA.parse_choice(text, list("ABCD"), opts) == expected
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("Yes", "yes"), ("no.", "no"), ("**No**, they are apart.", "no"), ("Answer: yes", "yes"),
+    ("They touch. Answer: Yes", "yes"), ("True", "yes"), ("yes or no?", None), ("maybe", None),
+    ("No - it is true that they look close, but there is a gap.", "no"),
+])
+def test_parse_yes_no(text, expected):
+    assert PA.parse_yes_no(text) == expected
+
+
+@pytest.mark.parametrize("text,k,expected", [
+    ("Answer: B, D, A", 3, ["B", "D", "A"]), ("B -> D -> A", 3, ["B", "D", "A"]),
+    ("1. B\n2. D\n3. A", 3, ["B", "D", "A"]), ("BDA", 3, ["B", "D", "A"]), ("[C, A]", 2, ["C", "A"]),
+    ("First the yellow block goes (image C), then image A.\nOrder: C, A, D, B", 4, ["C", "A", "D", "B"]),
+    ("Answer: b, d", 2, ["B", "D"]), ("B, D", 3, None), ("nothing useful", 2, None),
+    ("Answer: B, D, A. C is wrong.", 3, ["B", "D", "A"]), ("A valid plan is B then D", 2, ["B", "D"]),
+])
+def test_parse_sequence(text, k, expected):
+    assert PA.parse_sequence(text, list("ABCDEFGH"), k) == expected
+
+
+# ----------------------------------------------------------------- statistics and runs
+def test_critical_count():
+    from scipy.stats import binom
+
+    for n, p in ((100, 0.5), (100, 0.25), (20, 1 / 3), (100, 1 / 24)):
+        c = critical_count(n, p)
+        assert binom.sf(c - 1, n, p) <= 0.05 < binom.sf(c - 2, n, p)
+    assert critical_count(100, 0.5) == 59
+
+
+def test_oracle_and_random_runs(items):
+    recs = run_items(items, A.Oracle(), None, progress=False)
+    s = summarize(recs, "oracle", {})
+    assert all(r["accuracy"] == 1.0 for r in s["elementary"].values())
+    assert all(r["exact"]["rate"] == 1.0 and r["set"]["rate"] == 1.0 for r in s["planning"].values())
+    recs = run_items(items, A.RandomAnswerer(seed=1), None, progress=False)
+    assert all(r["parsed_ok"] for r in recs)
+    again = run_items(items, A.RandomAnswerer(seed=1), None, progress=False)
+    assert [r["raw"] for r in recs] == [r["raw"] for r in again]
+    assert all(r["latency_ms"] >= 0 for r in recs)
+
+
+# ----------------------------------------------------------------- rendering, build, generation
+@pytest.fixture(scope="module")
+def renderer():
+    return S.Renderer()
+
+
+def test_build_is_deterministic(tmp_path_factory, renderer):
+    kw = dict(seed=1, per_type=1, lite=1, plan_ks=(2,), plan_per_k=1, progress=False, renderer=renderer)
+    m1 = B.build(tmp_path_factory.mktemp("a"), **kw)
+    m2 = B.build(tmp_path_factory.mktemp("b"), **kw)
+    assert m1["sha256"] == m2["sha256"] and m1["sha256_states"] == m2["sha256_states"]
+    assert m1["n_items"] == len(Q.TYPES) + 1
+    m3 = B.build(tmp_path_factory.mktemp("c"), **dict(kw, seed=2))
+    assert m3["sha256_states"] != m1["sha256_states"]
+
+
+def test_projection_matches_renderer(renderer):
+    st = Q.standard_scene(np.random.default_rng(0))
+    blk = st["blocks"][0]
+    blk["color"] = "red"
+    img = renderer.render(st, "front").astype(int)
+    u, v = S.project("front", [[blk["x"], blk["y"], blk["z"]]])[0]
+    r, g, b = img[int(v), int(u)]
+    assert r > g + 60 and r > b + 60  # the red block is where the camera model puts it
+
+
+def test_generation_scorer(renderer):
+    item = P.make_plan_item(np.random.default_rng([2, 3, 0]), 3)
+    item["id"] = "plan-k3-test"
+    dom, target = item["meta"]["domain"], set(item["meta"]["target"])
+    cam = item["images"][0]["camera"]
+    scorer = G.Scorer(renderer.render, S.IMAGE_SIZE)
+    edges_t = [e for e in P.edges(dom) if e[0] in target and e[1] in target]
+    orders = P.all_topological_orders(sorted(target), edges_t)
+    for order in orders[:3]:  # any legal path, rendered, is accepted
+        imgs = [renderer.render(P.state_of(dom, order[:i]), cam) for i in range(1, 4)]
+        res = scorer.score(item, imgs)
+        assert res["accepted"], res["reason"]
+        noisy = [np.clip(im.astype(int) + np.random.default_rng(0).integers(-3, 4, im.shape), 0, 255).astype(np.uint8)
+                 for im in imgs]
+        assert scorer.score(item, noisy)["accepted"]
+    ref = item["meta"]["reference_order"]
+    skip = [renderer.render(P.state_of(dom, s), cam) for s in (ref[:1], ref[:1], ref[:3])]  # no progress at step 2
+    assert not scorer.score(item, skip)["accepted"]
+    bad = [renderer.render(P.state_of(dom, ref[:1]), cam), np.zeros((64, 64, 3), np.uint8),
+           renderer.render(P.state_of(dom, ref[:3]), cam)]
+    assert not scorer.score(item, bad)["accepted"]
+    dis = [im for im in item["images"] if im["role"] == "candidate" and item["meta"]["kinds"][im["label"]] != "valid"]
+    imgs = [renderer.render(P.state_of(dom, ref[:i]), cam) for i in range(1, 4)]
+    imgs[0] = renderer.render(dis[0]["state"], cam)  # a distractor drawn at step 1
+    assert not scorer.score(item, imgs)["accepted"]
+    assert not scorer.score(item, imgs[:2])["accepted"]
+
+
+# ----------------------------------------------------------------- CLI
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "eval.reasoning", *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    r = _cli("run", "--answerer", "nope", "--data", str(tmp_path), "--out", str(tmp_path / "o"))
+    assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "unknown answerer" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = _cli("run", "--answerer", "oracle", "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "o"))
+    assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "questions.jsonl" in r.stderr
+    r = _cli("run", "--answerer", "http", "--data", str(tmp_path), "--out", str(tmp_path / "o"))
+    assert r.returncode != 0 and "endpoint" in r.stderr and "Traceback" not in r.stderr
