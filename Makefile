@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "Targets:"
-	@echo "  make setup   idempotent setup: .venv/ (or PYTHON=...), Mesa lavapipe (root), torch if missing, pip install -e .[sim,export,jax,dev]"
+	@echo "  make setup   idempotent setup: .venv/ (or PYTHON=...), Mesa lavapipe (root), torch if missing, pip install -e .[sim,export,jax,ray,dev]"
 	@echo "  make test    setup, then $(PY) -m pytest -q"
 	@echo "  make demo    setup, then the scripted reference on 3 A01 tries (dev split) -> runs/demo"
 	@echo "  make engines setup, then ONNX exports and (with a GPU and TensorRT) engines -> build/engines"

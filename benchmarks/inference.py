@@ -56,7 +56,7 @@ def _state_observation():
     from env import make_env
     from env.tasklist import load
     from eval.runner import observation_for
-    from eval.state_features import state_vector
+    from eval.state_features import ActionHistory, policy_input
 
     tasklist = load("dev")
     env = make_env("A01", obs_mode="state")
@@ -69,7 +69,7 @@ def _state_observation():
         obs = observation_for(_StatePolicy(), env, None)
     finally:
         env.close()
-    return obs, state_vector(obs["state"]).astype(np.float32)
+    return obs, policy_input(obs["state"], ActionHistory()).astype(np.float32)
 
 
 class Bench:

@@ -1,13 +1,12 @@
 """Simulation throughput: control steps/s of a bare ``env.step`` loop and of the runner's loop
 (``eval.runner.run_try``), for state observations and for both cameras, and tries/s with 1 vs 2 workers.
 
-Harness overhead: the scripted policy runs a try once through ``run_try`` (untimed, its actions
-recorded); then, from the same start and a freshly built scene, the recorded actions are replayed
-through a bare ``env.step`` loop and the try is run again through ``run_try``, in alternating order.
-Overhead = runner ms per step / bare ms per step - 1: everything the runner adds to the physics and
-rendering the scene needs anyway (observation extraction, the policy's query and its checks, the step
-profiler, flag bookkeeping). The runner's own per-stage profile (``step_ms`` of the record) says where
-it goes.
+Harness overhead: the scripted policy runs a try once through ``run_try`` (untimed, to learn its
+length); then, from the same start and a freshly built scene, a bare loop (the scripted policy's
+``act`` on the scene's state, then ``env.step``: the least any evaluation must do) and ``run_try`` run
+the same try in alternating order. Overhead = runner ms per step / bare ms per step - 1: what the
+runner adds (observation assembly, the query's timing and checks, the step profiler, flag
+bookkeeping). The runner's own per-stage profile (``step_ms`` of the record) says where the time goes.
 
 Workers: the same list of scripted tries through ``eval.workers.WorkerPool`` with 1 and with 2 workers;
 each pool first runs one untimed try per worker (start-up: imports, first scene), then the timed tries.
@@ -76,10 +75,15 @@ def bare_vs_runner(setup: str, try_index: int, label: str, repeats: int, max_ste
         for r in range(repeats):
             for which in (("bare", "runner") if r % 2 == 0 else ("runner", "bare")):  # alternate: drift cancels
                 if which == "bare":
+                    # the least a loop can do: the scripted policy on the scene's state, then env.step
                     env.reset(seed=seed, options={"start": start, "reconfigure": True})
+                    u = env.unwrapped
+                    bare_policy = _scripted(setup)
+                    bare_policy.reset(u.instructions[0], seed=seed)
                     t0 = time.perf_counter()
-                    for a in actions:
-                        env.step(a)
+                    for _ in actions:
+                        state = {k: v[0] for k, v in u.task_state().items()}
+                        env.step(bare_policy.act({"state": state}))
                     bare_ms.append((time.perf_counter() - t0) * 1e3 / len(actions))
                 else:
                     rec = run_try(env, _scripted(setup), setup, SPLIT, try_index, tasklist=tasklist)

@@ -1,4 +1,4 @@
-"""bc-state: an MLP from the 32-number state (eval.state_features) to the 7-D normalised action.
+"""bc-state: an MLP from the 40-number input (eval.state_features) to the 7-D normalised action.
 
 Weights and the observation normalisation live in one safetensors file; its
 metadata holds the format tag and the architecture, so a file that does not
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-FORMAT = "shape-assembly-bench/bc-state/2"
+FORMAT = "shape-assembly-bench/bc-state/3"
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "bc_state.safetensors"
 
 
 @dataclass(frozen=True)
 class BCConfig:
-    state_dim: int = 32
+    state_dim: int = 40
     action_dim: int = 7
     hidden: tuple[int, ...] = (256, 256, 256)
     # fine-scale copies, tanh(x / scale), of (first, end, scale) state slices: the relative vectors 16..21 at
@@ -118,7 +118,7 @@ def load(path: str | Path = DEFAULT_WEIGHTS):
 
 
 def export_onnx(model, config: BCConfig, path: str | Path, source: str = "") -> Path:
-    """ONNX with a dynamic batch: input ``state`` (N, 32) float32, output ``action`` (N, 7)."""
+    """ONNX with a dynamic batch: input ``state`` (N, 40) float32, output ``action`` (N, 7)."""
     import torch
 
     from engines.onnx_utils import check_onnx_file, set_metadata

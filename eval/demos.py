@@ -3,8 +3,9 @@
     python -m eval.demos --tries 40 --noise 0.05 --out data/demos_train.h5                  # expert, perturbed
     python -m eval.demos --tries 30 --first-try 40 --learner W.safetensors --out data/dagger1.h5   # DAgger
 
-One HDF5 file: ``states`` (N, 32) float32 and ``actions`` (N, 7) float32, the
-per-step pairs of every try in order, and an ``episodes`` table (setup, try,
+One HDF5 file: ``states`` (N, 40) float32 (the bc-state input, eval.state_features),
+``actions`` (N, 7) float32 (the labels) and ``executed`` (N, 7) (what was sent), per
+step for every try in order, and an ``episodes`` table (setup, try,
 seed, success, start, length) giving the boundaries. Only the train split's
 starts are used (never dev, test or confirm).
 
@@ -49,7 +50,7 @@ def _record_setup(job):
     from env.tasklist import load
     from eval.policies.scripted import POS_SCALE, ROT_SCALE, PENDING_REACH, ScriptedPolicy
     from eval.runner import observation_for
-    from eval.state_features import state_vector
+    from eval.state_features import ActionHistory, policy_input
 
     setup_id, tries, noise, learner_path, beta = job
     tl = load("train")
@@ -69,13 +70,16 @@ def _record_setup(job):
             # a fresh scene per try, as in eval.run: the recording does not depend on the order of tries
             obs, _ = env.reset(seed=seed, options={"start": tl.start(setup_id, t), "reconfigure": True})
             expert.reset(env.unwrapped.instructions[0])
-            states, actions = [], []
+            states, actions, sent = [], [], []
+            history = ActionHistory()  # of the executed actions: what the learner will see of its own
             while True:
                 o = observation_for(expert, env, obs)
+                x = policy_input(o["state"], history)
                 label = expert.act(o)
                 executed = label
                 if learner is not None and rng.random() >= beta:
-                    executed = learner.act(o)
+                    # the learner's input carries the history of what was sent, whoever sent it
+                    executed = learner.runner.infer({"state": x[None]})["action"][0]
                 if noise > 0:
                     executed = executed.copy()
                     executed[:6] = np.clip(executed[:6] + rng.normal(0.0, noise, 6), -1.0, 1.0)
@@ -83,12 +87,14 @@ def _record_setup(job):
                     # the reference's latency predictor must count what was really sent, not its own wish
                     expert.pending[-1] = (executed[:3] * POS_SCALE,
                                           _rotation(PENDING_REACH * executed[3:6] * ROT_SCALE))
-                states.append(state_vector(o["state"]))
+                states.append(x)
                 actions.append(label)
+                sent.append(executed)
+                history.update(executed)
                 obs, _, term, trunc, info = env.step(executed)
                 if bool(term[0]) or bool(trunc[0]):
                     break
-            out.append((t, seed, bool(info["success"][0]), np.stack(states), np.stack(actions)))
+            out.append((t, seed, bool(info["success"][0]), np.stack(states), np.stack(actions), np.stack(sent)))
     finally:
         env.close()
     return setup_id, out
@@ -139,12 +145,13 @@ def main(argv=None) -> int:
         for setup_id, recs in pool.imap_unordered(_record_setup, jobs):
             results[setup_id].extend(recs)
             bar.update(len(recs))
-    states, actions, table = [], [], []
+    states, actions, executed, table = [], [], [], []
     start = 0
     for sid in setups:
-        for t, seed, success, s, a in sorted(results[sid], key=lambda r: r[0]):
+        for t, seed, success, s, a, x in sorted(results[sid], key=lambda r: r[0]):
             states.append(s)
             actions.append(a)
+            executed.append(x)
             table.append((sid.encode(), t, seed, success, start, len(s)))
             start += len(s)
     episodes = np.array(table, dtype=[("setup", "S4"), ("try", "i4"), ("seed", "i8"), ("success", "?"),
@@ -152,6 +159,7 @@ def main(argv=None) -> int:
     with h5py.File(args.out, "w") as f:
         f.create_dataset("states", data=np.concatenate(states), compression="gzip")
         f.create_dataset("actions", data=np.concatenate(actions), compression="gzip")
+        f.create_dataset("executed", data=np.concatenate(executed), compression="gzip")
         f.create_dataset("episodes", data=episodes)
         f.attrs["split"] = "train"
         f.attrs["first_try"] = args.first_try

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -62,6 +63,10 @@ MODEL_OPTIONS = ("checkpoint", "random_weights", "exec_horizon", "temporal_ensem
 def model_options(args: argparse.Namespace) -> dict:
     """The model options given on the command line (unset ones left out)."""
     return {k: getattr(args, k) for k in MODEL_OPTIONS if getattr(args, k) not in (None, False)}
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _fail(msg: str, code: int = 2) -> int:
@@ -153,6 +158,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         except WorkerError as e:
             return _fail(str(e))
         log = TryLog(out / "tries.jsonl")
+        signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops like Ctrl-C: workers closed, tries kept
         successes = n_new = 0
         bar = tqdm(total=len(plan), initial=len(plan) - len(todo), unit="try", desc=spec.name, smoothing=0.05)
         failure = None

@@ -1,4 +1,5 @@
-"""The fixed state observation of the adapted track (bc-state): 32 numbers, no camera input.
+"""The fixed input of the adapted track (bc-state): 32 numbers of scene state and 8 of the policy's own
+action history, no camera input.
 
 Built from ``ShapeAssemblyEnv.task_state()`` for one scene. Angles enter as
 cosine/sine pairs of multiples that remove the symmetries, so that equivalent
@@ -23,8 +24,15 @@ base is at x = -0.615, the table top is z = 0).
 | 29-30 | tcp_tilt | x, y of the rotation vector (rad, world frame) that turns the gripper back to pointing straight down |
 | 31 | yaw_err | the shortest block yaw (rad) that matches the hole modulo the shape's symmetry, 0 for the circle |
 
+| 32-38 | last_action | the action the policy sent at the previous step (hold still, gripper open at a try's start) |
+| 39 | gripper_hold | steps the current gripper command has been held, / 12, at most 1 |
+
 Version 2 added 29-31: without the tilt a learned policy cannot see (so cannot undo) a gripper pushed off
-vertical, and cos/sin of n x yaw fold large yaw errors onto small ones.
+vertical, and cos/sin of n x yaw fold large yaw errors onto small ones. Version 3 added 32-39: the
+scripted reference closes and opens its gripper for a fixed number of steps and changes from approach to
+descent with hysteresis, so one scene state carries two labels there (stay or lift, hover or descend) and
+a policy that sees the scene alone settles between them and stalls. Its own last action and how long it
+has held the gripper command tell those phases apart.
 """
 
 from __future__ import annotations
@@ -35,8 +43,11 @@ import numpy as np
 
 from env import geometry
 
-STATE_DIM = 32
-VERSION = "eval.state_features v2 (32 numbers)"
+SCENE_DIM = 32
+HISTORY_DIM = 8
+STATE_DIM = SCENE_DIM + HISTORY_DIM
+VERSION = "eval.state_features v3 (32 scene + 8 history numbers)"
+GRIPPER_HOLD_CAP = 12  # steps; the reference's longest fixed gripper phase is 6 + 3 latency steps
 _ORDER = {"circle": 1, "square": 4, "triangle": 3}
 
 
@@ -97,5 +108,30 @@ def state_vector(state: Mapping[str, np.ndarray]) -> np.ndarray:
         [float(state["is_grasped"])], onehot, [np.cos(hole_yaw), np.sin(hole_yaw)],
         tilt_rotvec(rot)[:2], [geometry.yaw_error(shape, byaw, hole_yaw)],
     ]).astype(np.float32)
-    assert v.shape == (STATE_DIM,)
+    assert v.shape == (SCENE_DIM,)
     return v
+
+
+class ActionHistory:
+    """The policy's own recent actions, as the last 8 input numbers: update it with every action sent."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.last = np.array([0, 0, 0, 0, 0, 0, 1], dtype=np.float32)
+        self.hold = 0
+
+    def update(self, action: np.ndarray) -> None:
+        action = np.asarray(action, dtype=np.float32)
+        same = (action[6] >= 0) == (self.last[6] >= 0)
+        self.hold = self.hold + 1 if same else 1
+        self.last = action.copy()
+
+    def vector(self) -> np.ndarray:
+        return np.concatenate([self.last, [min(self.hold, GRIPPER_HOLD_CAP) / GRIPPER_HOLD_CAP]]).astype(np.float32)
+
+
+def policy_input(state: Mapping[str, np.ndarray], history: ActionHistory) -> np.ndarray:
+    """The full bc-state input: scene features then the action history."""
+    return np.concatenate([state_vector(state), history.vector()])

@@ -25,6 +25,7 @@ from typing import Callable, Iterator
 STEP_TIMEOUT_S = 120.0  # one control step (policy query + physics) taking longer than this is a hang
 SETUP_TIMEOUT_S = 900.0  # starting a worker or building a scene: slow under load, but not a step
 _POLL_S = 0.2
+_ORPHAN_CHECK_S = 2.0  # an idle worker checks this often whether its parent still exists
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,14 @@ def _worker_main(worker_id, model, split, arm, video_dir, options, jobs, results
         def beat():
             heartbeat.value = time.monotonic()
 
+        parent = os.getppid()
         while True:
-            job = jobs.get()
+            try:
+                job = jobs.get(timeout=_ORPHAN_CHECK_S)
+            except queue.Empty:
+                if os.getppid() != parent:  # the run was killed without closing its pool: do not linger
+                    break
+                continue
             if job is None:
                 break
             video_path = os.path.join(video_dir, video_file(job)) if job.video else None

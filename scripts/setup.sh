@@ -7,7 +7,7 @@
 # Steps (each prints one line saying what it did or skipped):
 #   1. CPU Vulkan (Mesa lavapipe >= 24.3) via apt, when root
 #   2. torch, only when `import torch` fails (never replaces an existing torch)
-#   3. pip install -e ".[sim,export,jax,dev]", skipped when already done
+#   3. pip install -e ".[sim,export,jax,ray,dev]", skipped when already done
 # Set SKIP_APT=1 to skip step 1.
 set -euo pipefail
 
@@ -16,7 +16,7 @@ cd "$REPO"
 
 MESA_MIN="${MESA_MIN:-24.3}"   # overridable only to exercise the apt path
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
-EXTRAS="sim,export,jax,dev"
+EXTRAS="sim,export,jax,ray,dev"
 PACKAGES=(env eval engines jetson benchmarks)
 
 say() { echo "[setup] $*"; }

@@ -8,7 +8,7 @@ import torch
 
 from engines import bc_mlp
 from engines.bc_mlp import BadCheckpointError, BCConfig
-from eval.state_features import STATE_DIM, state_vector
+from eval.state_features import SCENE_DIM, STATE_DIM, ActionHistory, policy_input, state_vector
 from eval.train_bc import train
 
 
@@ -34,7 +34,7 @@ def _state(block_yaw=0.3, shape_k=1, grip=0.2):
 
 def test_state_vector_is_fixed_and_symmetric():
     v = state_vector(_state())
-    assert v.shape == (STATE_DIM,) and v.dtype == np.float32 and np.all(np.isfinite(v))
+    assert v.shape == (SCENE_DIM,) and v.dtype == np.float32 and np.all(np.isfinite(v))
     # a square turned by a quarter turn, held at a grip turned by a half turn: the same features
     np.testing.assert_allclose(state_vector(_state(block_yaw=0.3 + np.pi / 2, grip=0.2 + np.pi)), v, atol=1e-5)
     assert not np.allclose(state_vector(_state(block_yaw=0.3 + np.pi / 4)), v, atol=1e-3)
@@ -172,6 +172,24 @@ def test_recorder_labels_with_the_reference_while_the_learner_acts(trained):
     from eval.demos import _record_setup
 
     (_, recs), = [_record_setup(("A01", [0], 0.02, str(trained[0]), 0.5))]
-    t, seed, success, states, actions = recs[0]
+    t, seed, success, states, actions, executed = recs[0]
     assert t == 0 and states.shape[1] == STATE_DIM and len(states) == len(actions) <= 300
-    assert np.all(np.abs(actions) <= 1.0) and np.all(np.isfinite(states))
+    assert np.all(np.abs(actions) <= 1.0) and np.all(np.isfinite(states)) and executed.shape == actions.shape
+    # the input carries the history of what was executed, not of the labels
+    np.testing.assert_array_equal(states[1:, SCENE_DIM:SCENE_DIM + 7], executed[:-1])
+
+
+def test_action_history_counts_how_long_the_gripper_command_is_held():
+    h = ActionHistory()
+    x = policy_input(_state(), h)
+    assert x.shape == (STATE_DIM,) and x[SCENE_DIM + 6] == 1.0 and x[-1] == 0.0  # start: still, gripper open
+    close = np.array([0, 0, 0.1, 0, 0, 0, -1], np.float32)
+    for n in range(1, 4):
+        h.update(close)
+        assert h.hold == n
+    np.testing.assert_array_equal(policy_input(_state(), h)[SCENE_DIM:SCENE_DIM + 7], close)
+    h.update(np.array([0, 0, 0, 0, 0, 0, 1], np.float32))  # the command changes sign: counting starts again
+    assert h.hold == 1
+    for _ in range(30):
+        h.update(np.array([0, 0, 0, 0, 0, 0, 1], np.float32))
+    assert h.vector()[-1] == 1.0  # capped

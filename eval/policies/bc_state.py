@@ -11,7 +11,7 @@ import numpy as np
 
 from engines.bc_mlp import DEFAULT_WEIGHTS, export_onnx, load, numpy_forward
 from eval.policies.base import Policy
-from eval.state_features import state_vector
+from eval.state_features import ActionHistory, policy_input
 
 BACKENDS = ("ort", "torch")
 
@@ -50,9 +50,13 @@ class BCStatePolicy(Policy):
 
             self.runner = CallableRunner("torch", lambda state: {"action": numpy_forward(self.model, state)}).activate()
 
+        self.history = ActionHistory()
+
     def reset(self, instruction: str, seed: int | None = None) -> None:
-        pass
+        self.history.reset()
 
     def act(self, observation: Mapping[str, Any]) -> np.ndarray:
-        x = state_vector(observation["state"])[None]
-        return self.runner.infer({"state": x})["action"][0]
+        x = policy_input(observation["state"], self.history)[None]
+        action = self.runner.infer({"state": x})["action"][0]
+        self.history.update(action)  # the scene applies what is returned, so this is what was sent
+        return action
