@@ -56,7 +56,10 @@ class BCStatePolicy(Policy):
         self.history.reset()
 
     def act(self, observation: Mapping[str, Any]) -> np.ndarray:
-        x = policy_input(observation["state"], self.history)[None]
-        action = self.runner.infer({"state": x})["action"][0]
-        self.history.update(action)  # the scene applies what is returned, so this is what was sent
+        with self.stage("preprocess"):
+            x = policy_input(observation["state"], self.history)[None]
+        with self.stage("inference"):
+            action = self.runner.infer({"state": x})["action"][0]
+        with self.stage("postprocess"):
+            self.history.update(action)  # the scene applies what is returned, so this is what was sent
         return action

@@ -244,7 +244,8 @@ class OctoPolicy(Policy):
         if self._lang is None:
             raise RuntimeError("OctoPolicy.act before reset")
         self._ran_model = False
-        frame = self._frame(observation)
+        with self.stage("preprocess"):  # resize and crop the camera frames
+            frame = self._frame(observation)
         if self._num_obs == 0:
             self._history.extend([frame] * self.cfg.window)
         else:
@@ -310,13 +311,16 @@ class OctoPolicy(Policy):
     def _query(self) -> np.ndarray:
         import jax
 
-        images, masks = self.model_inputs()
-        self._rng, key = jax.random.split(self._rng)
-        if self.graphs is None:
-            normalized = self.engine.predict(images, masks, self._lang, rng=key)[0]
-        else:  # the same draws predict(rng=key) makes, given to the graphs as inputs
-            normalized = self.graphs.predict(images, masks, self._lang, self.engine.draw_noise(key))[0]
-        chunk = self.engine.unnormalize(normalized, self.unnorm_key)
+        with self.stage("preprocess"):
+            images, masks = self.model_inputs()
+            self._rng, key = jax.random.split(self._rng)
+        with self.stage("inference"):
+            if self.graphs is None:
+                normalized = self.engine.predict(images, masks, self._lang, rng=key)[0]
+            else:  # the same draws predict(rng=key) makes, given to the graphs as inputs
+                normalized = self.graphs.predict(images, masks, self._lang, self.engine.draw_noise(key))[0]
+        with self.stage("postprocess"):
+            chunk = self.engine.unnormalize(normalized, self.unnorm_key)
         self.last_chunk = chunk
         self.model_queries += 1
         self._ran_model = True
