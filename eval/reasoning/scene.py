@@ -336,6 +336,10 @@ class Renderer:
 
     def _camera(self, name: str):
         if name not in self._cams:
+            # the shader and picture format are process-wide settings that a ManiSkill env built earlier in
+            # the same process may have changed (its "minimal" shader renders 8-bit colour): pin ours
+            self._sapien.render.set_camera_shader_dir("default")
+            self._sapien.render.set_picture_format("Color", "r32g32b32a32sfloat")
             cam = self.scene.add_camera(name, self.size, self.size, FOVY, 0.01, 10)
             cam.entity.set_pose(_pose_from(*CAMERAS[name]))
             self._cams[name] = cam
@@ -359,4 +363,6 @@ class Renderer:
         self.scene.update_render()
         cam.take_picture()
         rgb = cam.get_picture("Color")[..., :3]
+        if rgb.dtype == np.uint8:
+            return np.ascontiguousarray(rgb)
         return (np.clip(rgb, 0.0, 1.0) * 255).round().astype(np.uint8)
