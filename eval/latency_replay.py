@@ -15,7 +15,6 @@ such a run is not enough (it keeps percentiles only), or a JSON list of ms.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from pathlib import Path
@@ -38,32 +37,26 @@ def load_profile(path: str | Path) -> np.ndarray:
     p = Path(path)
     if not p.is_file():
         raise LatencyProfileError(f"latency profile {p} does not exist")
-    values: list[float] = []
     text = p.read_text()
     try:
         if p.suffix == ".jsonl":
-            for line in text.splitlines():
-                if line.strip():
-                    values += [float(v) for v in json.loads(line).get("infer_ms") or ()]
+            values = [float(v) for line in text.splitlines() if line.strip()
+                      for v in json.loads(line).get("infer_ms") or ()]
         else:
-            data = json.loads(text)
-            if not isinstance(data, list):
-                raise LatencyProfileError(f"{p}: expected a JSON list of ms or a tries.jsonl with infer_ms lists")
-            values = [float(v) for v in data]
-    except (json.JSONDecodeError, TypeError, ValueError) as e:
-        if isinstance(e, LatencyProfileError):
-            raise
+            values = json.loads(text)
+    except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as e:
         raise LatencyProfileError(f"{p}: not a latency profile ({e})") from None
-    arr = np.asarray(values, dtype=float)
+    if not isinstance(values, list):
+        raise LatencyProfileError(f"{p}: expected a JSON list of ms or a tries.jsonl with infer_ms lists")
+    try:
+        arr = np.asarray(values, dtype=float)
+    except (TypeError, ValueError) as e:
+        raise LatencyProfileError(f"{p}: not a latency profile ({e})") from None
     if arr.size == 0:
         raise LatencyProfileError(f"{p} holds no per-query latencies (infer_ms)")
     if not np.all(np.isfinite(arr)) or np.any(arr < 0):
         raise LatencyProfileError(f"{p} holds negative or non-finite latencies")
     return arr
-
-
-def profile_digest(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
 class ReplayLatencyPolicy(Policy):
@@ -98,9 +91,7 @@ class ReplayLatencyPolicy(Policy):
             self.current = arrived[-1]
             self.pending = [(t, a) for t, a in self.pending if t > self.step]
         self.step += 1
-        if self.current is None:  # nothing has arrived yet: hold still, gripper open
-            return np.array([0, 0, 0, 0, 0, 0, 1], dtype=np.float32)
-        if self.current is not None and not arrived:
-            # the arm holds its pose until the next action arrives; the gripper keeps its last command
-            return np.array([0, 0, 0, 0, 0, 0, self.current[6]], dtype=np.float32)
-        return self.current
+        if arrived:
+            return self.current
+        # nothing new: the arm holds its pose, the gripper keeps its last command (open before the first)
+        return np.array([0, 0, 0, 0, 0, 0, 1 if self.current is None else self.current[6]], dtype=np.float32)

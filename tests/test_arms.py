@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 import pytest
 import torch
@@ -18,6 +20,19 @@ def _assets_or_skip(name: str) -> None:
         check_assets(name)
     except MissingAssetsError as e:
         pytest.skip(str(e))
+
+
+@contextmanager
+def _a01(name, obs_mode):
+    """Setup A01 on the arm ``name`` (skipped when its assets are missing), closed afterwards."""
+    _assets_or_skip(name)
+    from env import make_env
+
+    env = make_env("A01", arm=name, obs_mode=obs_mode)
+    try:
+        yield env
+    finally:
+        env.close()
 
 
 def test_the_three_arms_are_listed():
@@ -88,13 +103,9 @@ def test_gripper_opening_and_command(name):
 
 @pytest.mark.parametrize("name", ARM_NAMES)
 def test_rest_pose_points_down_above_the_table(name):
-    _assets_or_skip(name)
     from scipy.spatial.transform import Rotation
 
-    from env import make_env
-
-    env = make_env("A01", arm=name, obs_mode="state")
-    try:
+    with _a01(name, "state") as env:
         env.reset(seed=0)
         s = env.unwrapped.task_state()
         assert env.action_space.shape == (7,)
@@ -108,35 +119,22 @@ def test_rest_pose_points_down_above_the_table(name):
         assert s["gripper_opening"][0] > 0.95
         if get_arm(name).grasp_frame == arms._IDENTITY:  # the Panda reports its TCP link as it is
             np.testing.assert_array_equal(s["tcp_q"], env.unwrapped.agent.tcp_pose.q.cpu().numpy())
-    finally:
-        env.close()
 
 
 @pytest.mark.parametrize("name", ARM_NAMES)
 def test_wrist_camera(name):
-    _assets_or_skip(name)
-    from env import make_env
-
-    env = make_env("A01", arm=name, obs_mode="rgb")
-    try:
+    with _a01(name, "rgb") as env:
         obs, _ = env.reset(seed=0)
         img = obs["sensor_data"][get_arm(name).wrist_camera_uid]["rgb"]
         assert tuple(img.shape) == (1, 128, 128, 3)
         assert float(img.float().std()) > 1.0  # rendered something, not a blank frame
-    finally:
-        env.close()
 
 
 @pytest.mark.parametrize("name", ARM_NAMES)
 def test_scripted_reference_inserts_on_every_arm(name):
-    _assets_or_skip(name)
-    from env import make_env
     from eval.policies.scripted import ScriptedPolicy
     from eval.runner import run_try
 
-    env = make_env("A01", arm=name, obs_mode="state")
-    try:
+    with _a01(name, "state") as env:
         rec = run_try(env, ScriptedPolicy(clearance=env.unwrapped.task_setup.clearance_m), "A01", "dev", 0)
         assert rec["success"] and rec["flags"] == [], rec
-    finally:
-        env.close()
