@@ -19,6 +19,11 @@ drifts into, not only the reference's own path:
   on the same observations, only labels (DAgger, Ross et al. 2011); ``--beta``
   is the share of steps on which the reference acts instead.
 
+The reference runs in its labeler mode in every recording: its phase is read
+from the scene and the last executed gripper command at every step, not from
+its own history, so a state gets one label whoever drove the arm there (see
+ScriptedPolicy).
+
 Files whose executed actions were the labels themselves (no noise, no learner)
 are marked ``relabeled = 0``: training then uses their successful tries only.
 Otherwise every step is used (``relabeled = 1``): the labels are right even
@@ -66,7 +71,8 @@ def _record_setup(job):
         for t in tries:
             seed = tl.seed(setup_id, t)
             rng = np.random.default_rng(seed + NOISE_SEED_OFFSET)
-            expert = ScriptedPolicy(clearance=setup.clearance_m, latency_steps=setup.latency_steps)
+            expert = ScriptedPolicy(clearance=setup.clearance_m, latency_steps=setup.latency_steps,
+                                    labeler=True)
             # a fresh scene per try, as in eval.run: the recording does not depend on the order of tries
             obs, _ = env.reset(seed=seed, options={"start": tl.start(setup_id, t), "reconfigure": True})
             expert.reset(env.unwrapped.instructions[0])
@@ -87,6 +93,7 @@ def _record_setup(job):
                     # the reference's latency predictor must count what was really sent, not its own wish
                     expert.pending[-1] = (executed[:3] * POS_SCALE,
                                           _rotation(PENDING_REACH * executed[3:6] * ROT_SCALE))
+                expert.observe_executed(executed)
                 states.append(x)
                 actions.append(label)
                 sent.append(executed)
@@ -169,6 +176,7 @@ def main(argv=None) -> int:
         f.attrs["learner"] = args.learner or ""
         f.attrs["beta"] = args.beta
         f.attrs["relabeled"] = int(bool(args.learner) or args.noise > 0)
+        f.attrs["labeler"] = 1  # the reference in its labeler mode (eval.policies.scripted)
         f.attrs["state"] = VERSION
     ok = int(episodes["success"].sum())
     print(f"wrote {args.out}: {len(episodes)} tries ({ok} successful), {start} steps, "

@@ -30,8 +30,6 @@ from eval import run as eval_run
 def build_parser() -> argparse.ArgumentParser:
     p = eval_run.build_parser(prog="python -m eval.orin", description=__doc__.split("\n\n")[0])
     d = p.add_argument_group("device")
-    d.add_argument("--num-envs", type=int, default=1,
-                   help="scenes in one GPU simulation, their queries batched (needs CUDA; 1 = CPU physics)")
     d.add_argument("--telemetry-interval", type=float, default=0.1, help="seconds between telemetry samples")
     return p
 
@@ -62,15 +60,6 @@ def main(argv: list[str] | None = None) -> int:
     from eval.policies import UnknownModelError
 
     try:
-        if args.num_envs < 1:
-            raise ValueError(f"--num-envs must be at least 1, got {args.num_envs}")
-        if args.num_envs > 1:
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ValueError(f"--num-envs {args.num_envs} needs GPU simulation (SAPIEN's GPU PhysX on a CUDA "
-                                 "device); this machine has none: use --num-envs 1 or --workers")
-            raise ValueError("--num-envs > 1: GPU-parallel scenes are not in this release yet; use --workers")
         if args.telemetry_interval <= 0:
             raise ValueError("--telemetry-interval must be positive")
         backend, why = (args.backend, "chosen on the command line") if args.backend else default_backend(args.model)
@@ -84,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     from jetson.telemetry import start_telemetry
 
     device = identify_device()
-    print("device: " + "; ".join(device.summary_lines()), file=sys.stderr)
+    print("; ".join(device.summary_lines()), file=sys.stderr)
     with start_telemetry(interval_s=args.telemetry_interval) as tel:
         t0 = time.monotonic()
         rc = eval_run.main(argv, parser=parser)

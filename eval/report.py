@@ -34,7 +34,6 @@ import json
 import math
 import sys
 import textwrap
-from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -665,7 +664,8 @@ def _latency_section(summaries: Mapping[str, dict]) -> list[str]:
     """Latency profile: query percentiles without warm-up, warm-up apart, time per control step by stage,
     and the device and telemetry where a run recorded them (eval.orin)."""
     have = {n: s for n, s in summaries.items()
-            if (s["secondary"].get("step_ms") or (s["secondary"]["latency_ms"] or {}).get("p50") is not None)}
+            if (s["secondary"].get("step_ms") or (s["secondary"]["latency_ms"] or {}).get("p50") is not None
+                or s.get("batch"))}
     if not have:
         return []
     L = ["## Latency profile", "",
@@ -695,6 +695,24 @@ def _latency_section(summaries: Mapping[str, dict]) -> list[str]:
             rows.append([n] + [f"{_num(st.get(k, 0.0), '.3g')} ({100 * st.get(k, 0.0) / total:.0f}%)"
                                for k in STAGES] + [_num(st["total"], ".3g"), str(st["steps"])])
         L += _table(["Model", *STAGES, "Total", "Steps"], rows, ["l"] + ["r"] * (len(STAGES) + 2))
+        L.append("")
+    for n, s in have.items():
+        b = s.get("batch")
+        if not b:
+            continue
+        q = b.get("query_ms") or {}
+        L += [f"Scenes stepped together ({n}): {', '.join(map(str, b['num_envs']))} per batch on "
+              f"{'/'.join(s.upper() for s in b['sim'])} physics, {b['batches']} batches, {b['tries']} tries. "
+              + ("Queries batched: one runner call per step for all live scenes." if b["batched_queries"] else
+                 "Queries not batched: this policy is queried scene by scene.")
+              + " Latency at batch 1 is the table above when the run used --num-envs 1; this is the batch's.", ""]
+        L += _table(["Batch query ms: mean", "p50", "p90", "p99", "max", "mean live batch", "ms per scene",
+                     "tries/s", "scene steps/s", "host-device bytes/step", "image bytes/step"],
+                    [[_num(q.get("mean"), ".3g"), _num(q.get("p50"), ".3g"), _num(q.get("p90"), ".3g"),
+                      _num(q.get("p99"), ".3g"), _num(q.get("max"), ".3g"), _num(q.get("mean_batch"), ".3g"),
+                      _num(q.get("ms_per_scene"), ".3g"), _num(b.get("tries_per_s"), ".3g"),
+                      _num(b.get("scene_steps_per_s"), ".4g"), _num(b.get("host_device_bytes_per_step"), ".4g"),
+                      str(b.get("image_bytes_per_step"))]], ["r"] * 11)
         L.append("")
     for n, s in have.items():
         dev = s.get("device")
@@ -907,6 +925,12 @@ def write_report(tries_paths: Sequence[str | Path], out_dir: str | Path, *, name
             raise ReportError(f"{p}: {e}") from None
         summaries[n]["source"] = str(p)
         summaries[n].update(extra or {})
+        batches_file = p.parent / "batches.jsonl"
+        if batches_file.exists():  # a --num-envs run: latency at batch N and throughput (eval.batch)
+            from eval.batch import batch_summary
+            from eval.runner import read_records
+
+            summaries[n]["batch"] = batch_summary(read_records(batches_file))
         sources[n] = str(p)
 
     paired: dict[str, dict] = {}

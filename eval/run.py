@@ -32,6 +32,12 @@ def build_parser(prog: str = "python -m eval.run", description: str | None = Non
     p.add_argument("--arm", default="panda", help=f"one of: {', '.join(ARMS)}")
     p.add_argument("--workers", type=int, default=1, help="worker processes, each with its own scene")
     p.add_argument("--video", type=int, default=0, metavar="K", help="mp4 of the first K tries of each setup")
+    p.add_argument("--num-envs", type=int, default=1, metavar="N",
+                   help="scenes per worker stepped together, their policy queries batched (eval.batch); "
+                        "state policies only")
+    p.add_argument("--sim", default=None, choices=("cpu", "gpu"),
+                   help="physics of --num-envs scenes: gpu (SAPIEN GPU PhysX, needs CUDA) or cpu; "
+                        "default gpu where CUDA is available")
     p.add_argument("--step-timeout", type=float, default=None,
                    help="seconds one control step may take before the watchdog flags the try sim_hang")
     x = p.add_argument_group("executor (where the tries run)")
@@ -65,6 +71,10 @@ def model_options(args: argparse.Namespace) -> dict:
     return {k: getattr(args, k) for k in MODEL_OPTIONS if getattr(args, k) not in (None, False)}
 
 
+def _chunks(items: list, n: int) -> list[tuple]:
+    return [tuple(items[i:i + n]) for i in range(0, len(items), n)]
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -91,6 +101,13 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             raise ValueError("--address and --gpus-per-actor need --executor ray")
         if args.gpus_per_actor < 0:
             raise ValueError(f"--gpus-per-actor must be 0 or more, got {args.gpus_per_actor:g}")
+        from eval.batch import check_batch_request, gpu_sim_unavailable_reason
+
+        if args.sim is None:
+            args.sim = "gpu" if args.num_envs > 1 and gpu_sim_unavailable_reason() is None else "cpu"
+        check_batch_request(args.num_envs, args.sim, spec.observes, args.executor)
+        if args.num_envs > 1 and args.video:
+            raise ValueError("--video records one scene per worker: use --num-envs 1")
         if args.executor == "ray":
             from eval.ray_executor import require_ray
 
@@ -108,7 +125,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         if extra:
             raise ValueError(f"{spec.name} takes no {', '.join('--' + o.replace('_', '-') for o in extra)}")
     except (UnknownModelError, UnknownSetupError, UnknownArmError, ValueError, FileNotFoundError, ImportError) as e:
-        return _fail(str(e))
+        return _fail(str(e))  # BatchError is a ValueError
     except Exception as e:  # noqa: BLE001 - missing assets and the like: one line
         return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
 
@@ -126,16 +143,21 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     from tqdm import tqdm
 
     from eval.runner import RunConfig, RunMismatchError, TryLog, hang_record, planned_tries, prepare_out
-    from eval.workers import STEP_TIMEOUT_S, Job, WorkerError, WorkerPool
+    from eval.workers import STEP_TIMEOUT_S, BatchResult, Job, WorkerError, WorkerPool
 
     cfg = RunConfig(model=spec.name, split=args.split, setups=tuple(setups), tries=args.tries, out=args.out,
-                    arm=arm.name, tasklist_sha256=tasklist.sha256, options=tuple(sorted(options.items())))
+                    arm=arm.name, tasklist_sha256=tasklist.sha256, options=tuple(sorted(options.items())),
+                    sim=args.sim)
     try:
         out, done = prepare_out(cfg, fresh=args.fresh)
     except RunMismatchError as e:
         return _fail(str(e))
     plan = planned_tries(cfg)
     todo = [Job(s, t, video=t < args.video) for s, t in plan if (s, t) not in done]
+    n_todo = len(todo)
+    if args.num_envs > 1:  # batches of up to N tries of one setup
+        todo = [Job(s, ts[0], batch=ts) for s in setups
+                for ts in _chunks([j.try_index for j in todo if j.setup == s], args.num_envs)]
     if args.video:
         (out / "videos").mkdir(exist_ok=True)
     t0 = time.monotonic()
@@ -144,6 +166,9 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             return hang_record(cfg, tasklist, job.setup, job.try_index, flag=flag)
 
         n_workers = min(args.workers, len(todo))
+        if args.num_envs > 1:
+            print(f"{args.num_envs} scenes per worker on {args.sim.upper()} physics"
+                  + (" (stepped one after another: no GPU speed-up)" if args.sim == "cpu" else ""), file=sys.stderr)
         step_timeout = args.step_timeout or STEP_TIMEOUT_S
         try:
             if args.executor == "ray":
@@ -154,21 +179,29 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
                                gpus_per_actor=args.gpus_per_actor)
             else:
                 pool = WorkerPool(n_workers, spec.name, args.split, arm.name, str(out / "videos"), options,
-                                  step_timeout_s=step_timeout)
+                                  step_timeout_s=step_timeout, num_envs=args.num_envs, sim=args.sim)
         except WorkerError as e:
             return _fail(str(e))
         log = TryLog(out / "tries.jsonl")
+        batch_log = TryLog(out / "batches.jsonl") if args.num_envs > 1 else None
         signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops like Ctrl-C: workers closed, tries kept
         successes = n_new = 0
-        bar = tqdm(total=len(plan), initial=len(plan) - len(todo), unit="try", desc=spec.name, smoothing=0.05)
+        bar = tqdm(total=len(plan), initial=len(plan) - n_todo, unit="try", desc=spec.name, smoothing=0.05)
         failure = None
         try:
-            for job, record in pool.run(todo, failed):
-                record.update(model=spec.name, track=spec.track, arm=arm.name)
-                log.append(record)
-                successes += bool(record["success"])
-                n_new += 1
-                bar.update(1)
+            for job, result in pool.run(todo, failed):
+                if isinstance(result, BatchResult):
+                    records = result.records
+                    if result.batch is not None:
+                        batch_log.append(result.batch)
+                else:
+                    records = [result]
+                for record in records:
+                    record.update(model=spec.name, track=spec.track, arm=arm.name)
+                    log.append(record)
+                    successes += bool(record["success"])
+                    n_new += 1
+                    bar.update(1)
                 bar.set_postfix_str(f"success {successes}/{n_new} last {job.setup}")
         except WorkerError as e:
             failure = (str(e), 1)
@@ -177,6 +210,8 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         finally:
             bar.close()
             log.close()
+            if batch_log is not None:
+                batch_log.close()
             pool.close()
         if failure is not None:
             return _fail(*failure)
@@ -184,7 +219,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
 
     summary = write_report([out / "tries.jsonl"], out)
     summary["run"] = {"planned": len(plan), "wall_s_this_session": round(time.monotonic() - t0, 1),
-                      "workers": args.workers, "executor": args.executor}
+                      "workers": args.workers, "executor": args.executor, "num_envs": args.num_envs, "sim": args.sim}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     scored = [s for s in setups if not s.startswith("FB")]
     n = sum(v["n"] for v in summary["setups"].values()) + sum(v["n"] for v in summary.get("full_board", {}).values())

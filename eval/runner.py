@@ -37,6 +37,7 @@ class RunConfig:
     first_try: int = 0
     tasklist_sha256: str | None = None
     options: tuple = ()  # model options, as sorted (name, value) pairs
+    sim: str = "cpu"  # physics: cpu (PhysX on the CPU, one scene or a batch) or gpu (GPU PhysX, eval.batch)
 
     def __post_init__(self):
         object.__setattr__(self, "options", tuple(tuple(o) for o in self.options))
@@ -47,6 +48,8 @@ class RunConfig:
         for k in ("out", "tries", "setups", "first_try"):
             d.pop(k)
         d["options"] = {k: v for k, v in self.options}
+        if self.sim == "cpu":  # CPU physics gives the same tries batched or not (tested): older runs match
+            d.pop("sim")
         return d
 
 
@@ -114,7 +117,7 @@ def prepare_out(cfg: RunConfig, fresh: bool = False) -> tuple[Path, set[tuple[st
     run_file = out / "run.json"
     tries_file = out / "tries.jsonl"
     if fresh:
-        for p in (run_file, tries_file, out / "summary.json"):
+        for p in (run_file, tries_file, out / "summary.json", out / "batches.jsonl"):
             p.unlink(missing_ok=True)
     if run_file.exists():
         previous = json.loads(run_file.read_text())
@@ -273,9 +276,19 @@ def run_try(env, policy, setup_id: str, split: str, try_index: int, tasklist=Non
         video.write()
     if rim and not success:
         flags.add("rim")
-    setup = env.unwrapped.task_setup
     fired = bool(info["disturbance_fired"][0])
-    lat = policy.latencies_ms
+    return try_record(
+        setup_id, try_index, seed, split, start, tasklist, policy, success=success, flags=flags, steps=steps,
+        blocks_inserted=blocks_inserted, disturbance_step=int(info["disturbance_step"][0]) if fired else None,
+        wall_s=time.monotonic() - t0, latencies_ms=policy.latencies_ms, warmup_ms=policy.warmup_ms,
+        step_ms=profile.totals())
+
+
+def try_record(setup_id: str, try_index: int, seed: int, split: str, start, tasklist, policy, *, success: bool,
+               flags: set[str], steps: int, blocks_inserted: int, disturbance_step: int | None, wall_s: float,
+               latencies_ms: list[float], warmup_ms: list[float], step_ms: dict[str, float]) -> dict[str, Any]:
+    """The record of one finished try (one line of tries.jsonl)."""
+    lat = latencies_ms
     return {
         "v": RECORD_VERSION,
         "setup": setup_id,
@@ -289,20 +302,20 @@ def run_try(env, policy, setup_id: str, split: str, try_index: int, tasklist=Non
         "steps": steps,
         "time_s": round(steps * CONTROL_DT_S, 3),
         "blocks_inserted": blocks_inserted,
-        "disturbance": setup.disturbance,
-        "disturbance_fired": fired,
-        "disturbance_step": int(info["disturbance_step"][0]) if fired else None,
+        "disturbance": get_setup(setup_id).disturbance,
+        "disturbance_fired": disturbance_step is not None,
+        "disturbance_step": disturbance_step,
         "tasklist_sha256": tasklist.sha256 if tasklist is not None else None,
         "backend": policy.backend,
         "note": getattr(policy, "note", None),
         "machine": machine_info(),
-        "wall_s": round(time.monotonic() - t0, 3),
+        "wall_s": round(wall_s, 3),
         "infer_ms_mean": round(float(np.mean(lat)), 4) if lat else None,
-        "infer_queries": len(lat) + len(policy.warmup_ms),  # all queries; infer_ms holds those after warm-up
+        "infer_queries": len(lat) + len(warmup_ms),  # all queries; infer_ms holds those after warm-up
         "infer_ms_p99": round(float(np.percentile(lat, 99)), 4) if lat else None,
         "infer_ms": [float(f"{x:.3g}") for x in lat],  # every query, 3 significant digits: run percentiles
-        "warmup_ms": [float(f"{x:.3g}") for x in policy.warmup_ms],  # a fresh policy's first queries
-        "step_ms": profile.totals(),
+        "warmup_ms": [float(f"{x:.3g}") for x in warmup_ms],  # a fresh policy's first queries
+        "step_ms": {k: round(v, 3) for k, v in step_ms.items()},
     }
 
 

@@ -33,6 +33,18 @@ class Job:
     setup: str
     try_index: int
     video: bool = False
+    batch: tuple[int, ...] = ()  # GPU-parallel scenes (eval.batch): the tries run together, try_index the first
+
+    def tries(self) -> list["Job"]:
+        """One job per try (a batch job's tries, or this job)."""
+        return [Job(self.setup, t) for t in self.batch] if self.batch else [self]
+
+
+@dataclass
+class BatchResult:
+    """What a batch job returns: the records of its tries and the batch record (None when it hung)."""
+    records: list
+    batch: dict | None
 
 
 def video_file(job: Job) -> str:
@@ -52,16 +64,19 @@ class TryWorker:
     watchdog's heartbeat). A bad action raises :class:`eval.policies.base.BadActionError`.
     """
 
-    def __init__(self, model: str, split: str, arm: str, options: dict | None = None):
+    def __init__(self, model: str, split: str, arm: str, options: dict | None = None, num_envs: int = 1,
+                 sim: str = "cpu"):
         import torch
 
         torch.set_num_threads(1)  # one core per worker: W workers on W cores, no oversubscription
         from env.tasklist import load
 
         self.model, self.split, self.arm, self.options = model, split, arm, dict(options or {})
+        self.num_envs, self.sim = num_envs, sim
         self.tasklist = load(split)
         self.envs: dict[tuple[str, str], object] = {}
         self.policy_cache: dict[str, object] = {}
+        self.batches: dict[str, object] = {}  # setup -> (SceneBatch, policies)
 
     def prepare(self, job: Job):
         """(env, policy) for the job: scenes and policy are built when the setup changes, kept otherwise."""
@@ -90,19 +105,43 @@ class TryWorker:
         return run_try(env, policy, job.setup, self.split, job.try_index, tasklist=self.tasklist,
                        on_step=on_step, video_path=video_path if job.video else None)
 
+    def run_batch(self, job: Job, on_step: Callable[[], None] | None = None) -> BatchResult:
+        """The tries of a batch job on this worker's scene batch of the job's setup (eval.batch)."""
+        from env.setups import get_setup
+        from eval.batch import SceneBatch, make_members, run_batch
+        from eval.policies import get_model
+
+        if job.setup not in self.batches:
+            self._close_batches()
+            spec = get_model(self.model)
+            scenes = SceneBatch(job.setup, self.num_envs, sim=self.sim, arm=self.arm)
+            factory = lambda: spec.factory(setup=get_setup(job.setup), **self.options)  # noqa: E731
+            self.batches[job.setup] = (scenes, make_members(factory(), self.num_envs, factory))
+        scenes, members = self.batches[job.setup]
+        if on_step is not None:
+            on_step()
+        records, batch = run_batch(scenes, members, job.setup, self.split, job.batch, self.tasklist, on_step=on_step)
+        return BatchResult(records, batch)
+
+    def _close_batches(self) -> None:
+        for scenes, _ in self.batches.values():
+            scenes.close()
+        self.batches.clear()
+
     def close(self) -> None:
         for env in self.envs.values():
             env.close()
         self.envs.clear()
         self.policy_cache.clear()
+        self._close_batches()
 
 
-def _worker_main(worker_id, model, split, arm, video_dir, options, jobs, results, heartbeat):
+def _worker_main(worker_id, model, split, arm, video_dir, options, num_envs, sim, jobs, results, heartbeat):
     """Loop of one worker process: run jobs until a None job arrives."""
     from eval.policies.base import BadActionError
 
     try:
-        worker = TryWorker(model, split, arm, options)
+        worker = TryWorker(model, split, arm, options, num_envs=num_envs, sim=sim)
 
         def beat():
             heartbeat.value = time.monotonic()
@@ -119,7 +158,10 @@ def _worker_main(worker_id, model, split, arm, video_dir, options, jobs, results
                 break
             video_path = os.path.join(video_dir, video_file(job)) if job.video else None
             try:
-                record = worker.run(job, on_step=beat, video_path=video_path)
+                if job.batch:
+                    record = worker.run_batch(job, on_step=beat)
+                else:
+                    record = worker.run(job, on_step=beat, video_path=video_path)
             except BadActionError as e:
                 results.put(("error", worker_id, job, f"{job.setup} try {job.try_index}: {e}"))
                 return
@@ -131,9 +173,9 @@ def _worker_main(worker_id, model, split, arm, video_dir, options, jobs, results
 
 class WorkerPool:
     def __init__(self, n: int, model: str, split: str, arm: str, video_dir: str | None, options: dict | None = None,
-                 step_timeout_s: float = STEP_TIMEOUT_S):
+                 step_timeout_s: float = STEP_TIMEOUT_S, num_envs: int = 1, sim: str = "cpu"):
         self.ctx = mp.get_context("spawn")  # no forked simulator state
-        self.args = (model, split, arm, video_dir, dict(options or {}))
+        self.args = (model, split, arm, video_dir, dict(options or {}), num_envs, sim)
         self.step_timeout_s = step_timeout_s
         self.results = self.ctx.Queue()
         self.workers: dict[int, dict] = {}
@@ -152,7 +194,7 @@ class WorkerPool:
         return wid
 
     def run(self, jobs: list[Job], hang_record: Callable[[Job], dict]) -> Iterator[tuple[Job, dict]]:
-        """Yield (job, record) as tries finish, in completion order."""
+        """Yield (job, record) as tries finish, in completion order; a batch job yields a BatchResult."""
         pending = list(jobs)
         for wid in list(self.workers):
             self._feed(wid, pending)
@@ -194,7 +236,10 @@ class WorkerPool:
                 w["proc"].kill()
                 w["proc"].join()
                 del self.workers[wid]
-                yield job, hang_record(job)
+                if job.batch:
+                    yield job, BatchResult([hang_record(j) for j in job.tries()], None)
+                else:
+                    yield job, hang_record(job)
                 new = self._start_worker()
                 self._feed(new, pending)
 

@@ -125,6 +125,36 @@ def test_onnx_export_matches_torch_and_the_policy_backends_agree(trained, tmp_pa
     np.testing.assert_allclose(a_ort, a_torch, rtol=1e-4, atol=1e-5)
 
 
+def _trt_reason():
+    from engines import trt
+
+    return trt.unavailable_reason()
+
+
+@pytest.mark.skipif(_trt_reason() is None, reason="TensorRT is available here")
+def test_trt_backend_without_tensorrt_is_one_line(trained, tmp_path, monkeypatch):
+    from eval.policies.bc_state import BCStatePolicy
+
+    monkeypatch.setenv("SAB_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match="needs TensorRT and an NVIDIA GPU") as e:
+        BCStatePolicy(trained[0], backend="trt")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.skipif(_trt_reason() is not None, reason=f"TensorRT unavailable: {_trt_reason()}")
+def test_trt_backend_matches_onnx_runtime(trained, tmp_path, monkeypatch):
+    from eval.batch import query_batch
+    from eval.policies.bc_state import BCStatePolicy
+
+    monkeypatch.setenv("SAB_CACHE_DIR", str(tmp_path / "cache"))
+    obs = {"state": _state()}
+    ort, trt = BCStatePolicy(trained[0], backend="ort"), BCStatePolicy(trained[0], backend="trt")
+    np.testing.assert_allclose(trt.query(obs), ort.query(obs), rtol=1e-4, atol=1e-5)
+    batch_trt, _ = query_batch([trt.spawn() for _ in range(5)], [obs] * 5)  # the dynamic batch profile
+    batch_ort, _ = query_batch([ort.spawn() for _ in range(5)], [obs] * 5)
+    np.testing.assert_allclose(batch_trt, batch_ort, rtol=1e-4, atol=1e-5)
+
+
 def test_tilt_and_yaw_error_features():
     from env import geometry
     from eval.policies.scripted import _top_down
@@ -193,3 +223,40 @@ def test_action_history_counts_how_long_the_gripper_command_is_held():
     for _ in range(30):
         h.update(np.array([0, 0, 0, 0, 0, 0, 1], np.float32))
     assert h.vector()[-1] == 1.0  # capped
+
+
+def test_labeler_mode_reference_inserts_and_labels_from_the_scene():
+    """The reference in labeler mode (eval.demos) succeeds alone on a tight hole, and its label depends on
+    the scene and the last executed command, not on its own past: a fresh labeler told the same last command
+    gives the same action at every step of an insertion."""
+    from env import make_env
+    from env.setups import get_setup
+    from env.tasklist import load
+    from eval.policies.scripted import ScriptedPolicy
+    from eval.runner import observation_for
+
+    setup = get_setup("A03")  # 1 mm clearance
+    tl = load("train")
+    env = make_env("A03", obs_mode="state")
+    try:
+        obs, _ = env.reset(seed=tl.seed("A03", 0), options={"start": tl.start("A03", 0), "reconfigure": True})
+        labeler = ScriptedPolicy(clearance=setup.clearance_m, labeler=True)
+        labeler.reset("")
+        compared = 0
+        for _ in range(setup.max_steps):
+            o = observation_for(labeler, env, obs)
+            fresh = ScriptedPolicy(clearance=setup.clearance_m, labeler=True)
+            fresh.reset("")
+            fresh.executed_gripper, fresh.executed_hold, fresh.executed_dz = (
+                labeler.executed_gripper, labeler.executed_hold, labeler.executed_dz)
+            action = labeler.act(o)
+            if labeler.phase in ("insert", "open", "retreat", "close", "descend"):
+                np.testing.assert_allclose(fresh.act(o), action, atol=1e-6)
+                compared += 1
+            labeler.observe_executed(action)
+            obs, _, term, trunc, info = env.step(action)
+            if bool(info["success"][0]) or bool(term[0]) or bool(trunc[0]):
+                break
+        assert bool(info["success"][0]) and compared > 30
+    finally:
+        env.close()

@@ -68,6 +68,7 @@ def test_eval_walltime_quick(tmp_path):
     ("sim_throughput", ["--setups", "Z09"], "Z09"),
     ("inference", ["--models", "gpt"], "valid: scripted, bc-state, octo-small"),
     ("eval_walltime", ["--tries", "0"], "at least 1"),
+    ("gpu_physics_check", ["--sim", "cpu", "--tries", "0"], "at least 1"),
 ])
 def test_bad_input_is_one_line_and_nonzero(tmp_path, name, args, needle):
     proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--out-dir", str(tmp_path), *args],
@@ -77,7 +78,7 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path, name, args, needle):
     assert not list(tmp_path.glob("*.json"))
 
 
-@pytest.mark.parametrize("name", ["sim_throughput", "inference", "eval_walltime"])
+@pytest.mark.parametrize("name", ["sim_throughput", "inference", "eval_walltime", "gpu_physics_check"])
 def test_help(name):
     proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)

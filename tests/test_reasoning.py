@@ -18,7 +18,7 @@ from eval.reasoning import parsing as PA
 from eval.reasoning import planning as P
 from eval.reasoning import questions as Q
 from eval.reasoning import scene as S
-from eval.reasoning.report import critical_count, run_items, summarize
+from eval.reasoning.report import critical_count, family_z, run_items, summarize
 from tests.conftest import REPO_ROOT
 
 PER_TYPE = 6
@@ -200,11 +200,27 @@ def test_critical_count():
     assert critical_count(100, 0.5) == 59
 
 
+def test_family_wise_band():
+    from eval.stats import Z95, wilson
+
+    assert family_z(1) == pytest.approx(Z95)
+    z = family_z(11)
+    assert z == pytest.approx(2.84, abs=0.01)
+    # 23 of 100 at chance 1/3: outside the row's own 95% interval, inside the band that holds for 11 rows at once
+    assert wilson(23, 100).high < 1 / 3 < wilson(23, 100, z).high
+    # a binomial at chance stays inside the family band on all 11 rows in at least 95% of runs
+    rng = np.random.default_rng(0)
+    runs = rng.binomial(100, 1 / 3, size=(2000, 11))
+    inside = np.vectorize(lambda k: (lambda iv: iv.low <= 1 / 3 <= iv.high)(wilson(int(k), 100, z)))(runs)
+    assert inside.all(axis=1).mean() >= 0.95
+
+
 def test_oracle_and_random_runs(items):
     recs = run_items(items, A.Oracle(), None, progress=False)
     s = summarize(recs, "oracle", {})
     assert all(r["accuracy"] == 1.0 for r in s["elementary"].values())
     assert all(r["exact"]["rate"] == 1.0 and r["set"]["rate"] == 1.0 for r in s["planning"].values())
+    assert not s["chance_check"]["tables"]["elementary"]["all_covered"]  # the oracle is far above chance
     recs = run_items(items, A.RandomAnswerer(seed=1), None, progress=False)
     assert all(r["parsed_ok"] for r in recs)
     again = run_items(items, A.RandomAnswerer(seed=1), None, progress=False)

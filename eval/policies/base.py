@@ -28,6 +28,16 @@ class BadActionError(RuntimeError):
     """A policy returned an action the scene cannot apply (NaN, wrong shape)."""
 
 
+def check_action(name: str, action) -> np.ndarray:
+    """The action as float32 (7,), or one-line BadActionError."""
+    action = np.asarray(action, dtype=np.float32)
+    if action.shape != (ACTION_DIM,):
+        raise BadActionError(f"{name} returned an action of shape {action.shape}, expected ({ACTION_DIM},)")
+    if not np.all(np.isfinite(action)):
+        raise BadActionError(f"{name} returned a non-finite action {action.tolist()}")
+    return action
+
+
 class Policy(abc.ABC):
     name: str = "policy"
     track: str = "reference"
@@ -35,6 +45,11 @@ class Policy(abc.ABC):
     backend: str = "python"
     warmup_queries: int = 3
     queries: int = 0
+    # batchable policies split a query into encode (observation -> runner feeds with a batch axis of 1),
+    # one ``self.runner.infer`` and decode (row i of the outputs -> action), so that the scenes of a
+    # GPU-parallel batch (eval.batch) share one runner call; ``spawn`` gives a policy for another scene
+    # that shares the runner and weights
+    batchable: bool = False
 
     def __init__(self) -> None:
         self.latencies_ms: list[float] = []
@@ -66,9 +81,13 @@ class Policy(abc.ABC):
         ms = (time.perf_counter() - t0) * 1e3
         (self.warmup_ms if self.queries < self.warmup_queries else self.latencies_ms).append(ms)
         self.queries += 1
-        action = np.asarray(action, dtype=np.float32)
-        if action.shape != (ACTION_DIM,):
-            raise BadActionError(f"{self.name} returned an action of shape {action.shape}, expected ({ACTION_DIM},)")
-        if not np.all(np.isfinite(action)):
-            raise BadActionError(f"{self.name} returned a non-finite action {action.tolist()}")
-        return action
+        return check_action(self.name, action)
+
+    def encode(self, observation: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        raise NotImplementedError(f"{self.name} is not batchable")
+
+    def decode(self, outputs: Mapping[str, np.ndarray], row: int) -> np.ndarray:
+        raise NotImplementedError(f"{self.name} is not batchable")
+
+    def spawn(self) -> "Policy":
+        raise NotImplementedError(f"{self.name} is not batchable")

@@ -37,6 +37,10 @@ LOST_STEPS = 3
 # stable and as fast as no delay (a full share over-predicts and crawls, none oscillates)
 PENDING_REACH = 0.4
 INTEGRAL_GAIN = 0.3
+# labeler mode: a last executed z command at or below this (descent, in action units) means "inserting";
+# insertion always descends by at least SLOW_STEP (0.03), carrying holds its height
+INSERT_MIN_DESCENT = 0.025
+JAM_TILT_DEG = 5.0  # labeler mode: a block this tilted at the plate is jammed (re-grasped after a drop): back up
 
 
 def _wxyz_to_rot(q: np.ndarray) -> Rotation:
@@ -65,9 +69,16 @@ class ScriptedPolicy(Policy):
     track = "reference"
     observes = "state"
 
-    def __init__(self, clearance: float = geometry.DEFAULT_CLEARANCE, latency_steps: int = 0) -> None:
+    def __init__(self, clearance: float = geometry.DEFAULT_CLEARANCE, latency_steps: int = 0,
+                 labeler: bool = False) -> None:
         super().__init__()
         self.clearance = clearance
+        # labeler mode (demonstrations and DAgger labels for bc-state, never scored): the phase is read from
+        # the scene and the last executed gripper command at every step (see _phase_from_scene) instead of
+        # following the reference's own history, so that one state gets one label whoever drove the arm
+        # there. With the history, a learner that hovered over the hole was labelled "descend" and "climb
+        # back to carry height" in turn and learned to stay put
+        self.labeler = labeler
         # actions reach the arm this many steps late (F01/F02/G02): the controller predicts where its
         # pending commands will take the gripper (a Smith predictor) instead of correcting twice
         self.latency_steps = latency_steps
@@ -83,6 +94,13 @@ class ScriptedPolicy(Policy):
         self.last_bottom = np.inf
         self.xy_integral = np.zeros(2)
         self.pending: list[tuple[np.ndarray, Rotation]] = []  # issued but not yet applied (pos m, rotation)
+        self.executed_gripper, self.executed_hold, self.executed_dz = 1.0, 0, 0.0  # labeler mode: what was sent
+
+    def observe_executed(self, action: np.ndarray) -> None:
+        """Labeler mode: the action really sent this step (the reference's own, or a learner's)."""
+        same = (action[6] >= 0) == (self.executed_gripper >= 0)
+        self.executed_hold = self.executed_hold + 1 if same else 1
+        self.executed_gripper, self.executed_dz = float(action[6]), float(action[2])
 
     # -------------------------------------------------------------- helpers
     def _closing_angle(self, tcp_q: np.ndarray) -> float:
@@ -119,9 +137,75 @@ class ScriptedPolicy(Policy):
         xy_err = np.linalg.norm(s["block_p"][k][:2] - s["hole_xy"][k])
         return bottom <= s["board_top_z"] - 0.026 and xy_err <= self.clearance + 0.003
 
+    def _phase_from_scene(self, s) -> None:
+        """Labeler mode: the phase (and block, counters) that the scene and the last commands imply."""
+        closed = self.executed_gripper < 0
+        hold = self.executed_hold
+        grasped = bool(s["is_grasped"])
+        tcp_p = s["tcp_p"]
+        angle = self._closing_angle(s["tcp_q"])
+        for k in range(3):
+            if not s["target"][k]:
+                continue
+            bp = s["block_p"][k]
+            knob_top = bp[2] + geometry.BLOCK_HEIGHT / 2 + geometry.KNOB_HEIGHT
+            if self._inserted(s, k):
+                retreat_z = knob_top - GRASP_DEPTH + 0.08
+                if closed or hold < OPEN_STEPS + self.latency_steps:  # release, for a fixed number of steps
+                    self.block_k, self.phase, self.counter = k, "open", 0 if closed else hold
+                    return
+                if tcp_p[2] < retreat_z - 0.01:
+                    self.block_k, self.phase, self.hold_z = k, "retreat", retreat_z
+                    return
+                continue  # done with this block
+            self.block_k = k
+            byaw = _yaw(s["block_q"][k])
+            grip_angle = byaw + np.pi / 2 * np.round(_wrap(angle - byaw) / (np.pi / 2))
+            grasp_p = np.array([bp[0], bp[1], knob_top - GRASP_DEPTH])
+            if not closed:
+                if np.linalg.norm(grasp_p - tcp_p) < 0.004:
+                    self.phase, self.counter = "close", 0
+                elif (np.linalg.norm(grasp_p[:2] - tcp_p[:2]) < 0.006 and abs(_wrap(grip_angle - angle)) < np.deg2rad(5)
+                      and tcp_p[2] < grasp_p[2] + APPROACH_HEIGHT + 0.01):
+                    self.phase = "descend"
+                else:
+                    self.phase = "approach"
+                return
+            if hold < CLOSE_STEPS + self.latency_steps:
+                self.phase, self.counter = "close", hold
+                return
+            if not grasped:  # closed on nothing, or the block slipped: start over
+                self.phase = "approach"
+                return
+            bottom = bp[2] - geometry.BLOCK_HEIGHT / 2
+            top_z = s["board_top_z"]
+            xy_err = float(np.linalg.norm(s["hole_xy"][k] - bp[:2]))
+            yaw_err = abs(geometry.yaw_error(geometry.SHAPES[k], byaw, float(s["hole_yaw"][k])))
+            xy_tol = max(0.0003, 0.3 * self.clearance)
+            descending = self.executed_dz <= -INSERT_MIN_DESCENT  # the last command was an insertion step
+            if bottom > top_z + 0.002:  # clear of the plate
+                if xy_err < xy_tol and yaw_err < np.deg2rad(0.7):
+                    self.phase = "insert"
+                elif descending and xy_err < self.clearance + 0.001 and yaw_err < np.deg2rad(3):
+                    # inserting: the arm sways by a millimetre as the descent starts; corrected on the way down
+                    self.phase = "insert"
+                elif xy_err > 0.02 and (top_z + CARRY_CLEARANCE) - bottom > 0.005:
+                    self.phase = "lift"
+                else:
+                    self.phase = "carry"
+            else:  # at the plate: going into the hole, or stuck on its rim (back up and realign)
+                tilt = float(np.arccos(np.clip(_wxyz_to_rot(s["block_q"][k]).as_matrix()[2, 2], -1.0, 1.0)))
+                fits = xy_err < self.clearance and tilt < np.deg2rad(JAM_TILT_DEG)
+                self.phase = "insert" if fits else "carry"
+            self.stall, self.last_bottom = 0, bottom
+            return
+        self.phase = "done"
+
     # ----------------------------------------------------------------- act
     def act(self, observation: Mapping[str, Any]) -> np.ndarray:
         s = observation["state"]
+        if self.labeler:
+            self._phase_from_scene(s)
         if self.block_k is None or self.phase == "next":
             self.block_k = self._pick_block(s)
             self.phase = "approach" if self.block_k is not None else "done"

@@ -1,0 +1,98 @@
+"""GPU-parallel scenes (eval.batch): the batched loop on CPU scenes gives the tries that one scene at a time
+gives, batchable policies answer a batch as they answer one scene, and bad requests are one line.
+The GPU physics path runs only where CUDA is available (skipped here with the reason)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from eval.batch import BatchError, check_batch_request, gpu_sim_unavailable_reason, query_batch
+from tests.conftest import REPO_ROOT
+
+
+def test_batched_loop_on_cpu_matches_one_scene_at_a_time():
+    from benchmarks.gpu_physics_check import compare_setup
+
+    # three tries in batches of two: a full batch and one with a spare scene
+    row = compare_setup("A01", [0, 1, 2], num_envs=2, sim="cpu")
+    assert row["tries"] == 3 and row["tries_differing"] == []
+    assert row["cpu_success"] == row["batch_success"] == 3 and row["difference_pp"] == 0
+
+
+def test_bc_state_batch_query_equals_single_queries():
+    from env import make_env
+    from eval.policies.bc_state import BCStatePolicy
+
+    env = make_env("A01", obs_mode="state")
+    try:
+        env.reset(seed=0)
+        state = {k: v[0] for k, v in env.unwrapped.task_state().items()}
+    finally:
+        env.close()
+    lead = BCStatePolicy()
+    members = [lead, lead.spawn(), lead.spawn()]
+    assert all(m.runner is lead.runner for m in members)  # one engine for the batch
+    # give the members different histories, so that their rows differ
+    for i, m in enumerate(members):
+        m.history.update(np.array([0, 0, 0.1 * i, 0, 0, 0, -1 if i else 1], np.float32))
+    singles = [BCStatePolicy() for _ in members]
+    for s, m in zip(singles, members):
+        s.history.last, s.history.hold = m.history.last.copy(), m.history.hold
+    obs = {"state": state, "instruction": "x"}
+    actions, stage = query_batch(members, [obs] * 3)
+    expected = np.stack([s.act(obs) for s in singles])
+    assert actions.shape == (3, 7) and set(stage) >= {"preprocess", "inference", "postprocess"}
+    np.testing.assert_allclose(actions, expected, atol=1e-6)
+    assert not np.allclose(actions[0], actions[2])
+    for s, m in zip(singles, members):  # each member's history advanced with its own action
+        np.testing.assert_array_equal(s.history.last, m.history.last)
+
+
+@pytest.mark.parametrize("args,needle", [
+    ((0, "cpu", "state"), "at least 1"),
+    ((2, "tpu", "state"), "valid: cpu, gpu"),
+    ((2, "cpu", "cameras"), "camera policies"),
+    ((2, "cpu", "state", "ray"), "local executor"),
+])
+def test_bad_batch_requests(args, needle):
+    with pytest.raises(BatchError, match=needle):
+        check_batch_request(*args)
+
+
+@pytest.mark.skipif(gpu_sim_unavailable_reason() is None, reason="this machine has CUDA")
+def test_gpu_request_without_cuda_names_the_reason():
+    with pytest.raises(BatchError, match="--sim cpu"):
+        check_batch_request(4, "gpu", "state")
+
+
+def test_run_cli_batched_resumes_and_reports(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "eval.run", "--model", "bc-state", "--setups", "A01", "--tries", "3",
+           "--num-envs", "2", "--sim", "cpu", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = [json.loads(x) for x in (out / "tries.jsonl").read_text().splitlines()]
+    assert sorted(r["try"] for r in records) == [0, 1, 2] and all(r["num_envs"] == 2 for r in records)
+    batches = [json.loads(x) for x in (out / "batches.jsonl").read_text().splitlines()]
+    assert [b["tries"] for b in batches] == [[0, 1], [2]] and all(b["batched_queries"] for b in batches)
+    summary = json.loads((out / "summary.json").read_text())
+    b = summary["batch"]
+    assert b["tries"] == 3 and b["query_ms"]["p50"] > 0 and b["tries_per_s"] > 0
+    assert b["image_bytes_per_step"] == 0
+    assert "Scenes stepped together" in (out / "REPORT.md").read_text()
+    again = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and len((out / "tries.jsonl").read_text().splitlines()) == 3
+
+
+@pytest.mark.skipif(gpu_sim_unavailable_reason() is not None,
+                    reason=f"GPU simulation unavailable: {gpu_sim_unavailable_reason()}")
+def test_gpu_scenes_run_a_batch():
+    from benchmarks.gpu_physics_check import compare_setup
+
+    row = compare_setup("A01", [0, 1, 2, 3], num_envs=4, sim="gpu")
+    assert row["tries"] == 4 and row["batch_success"] >= 0
