@@ -37,9 +37,7 @@ LOST_STEPS = 3
 # stable and as fast as no delay (a full share over-predicts and crawls, none oscillates)
 PENDING_REACH = 0.4
 INTEGRAL_GAIN = 0.3
-# labeler mode: a last executed z command at or below this (descent, in action units) means "inserting";
-# insertion always descends by at least SLOW_STEP (0.03), carrying holds its height
-INSERT_MIN_DESCENT = 0.025
+FUNNEL_SLOPE = 0.05  # labeler mode: xy tolerance of a block going down, clearance + 1 mm per 2 cm above the plate
 JAM_TILT_DEG = 5.0  # labeler mode: a block this tilted at the plate is jammed (re-grasped after a drop): back up
 
 
@@ -182,15 +180,18 @@ class ScriptedPolicy(Policy):
             xy_err = float(np.linalg.norm(s["hole_xy"][k] - bp[:2]))
             yaw_err = abs(geometry.yaw_error(geometry.SHAPES[k], byaw, float(s["hole_yaw"][k])))
             xy_tol = max(0.0003, 0.3 * self.clearance)
-            descending = self.executed_dz <= -INSERT_MIN_DESCENT  # the last command was an insertion step
-            if bottom > top_z + 0.002:  # clear of the plate
+            # below carry height and above the plate, the block is on its way into the hole (lifting starts far
+            # from it): it may sway by a millimetre or two as the descent starts, which the insertion corrects on
+            # the way down, so it counts as inserting within a funnel that narrows to the clearance at the plate
+            funnel = self.clearance + FUNNEL_SLOPE * max(0.0, bottom - top_z)
+            below_carry = bottom < top_z + CARRY_CLEARANCE - 0.001
+            if xy_err > 0.02 and (top_z + CARRY_CLEARANCE) - bottom > 0.005:
+                self.phase = "lift"  # away from the hole and low: straight up first, clear of the board
+            elif bottom > top_z + 0.002:  # clear of the plate
                 if xy_err < xy_tol and yaw_err < np.deg2rad(0.7):
                     self.phase = "insert"
-                elif descending and xy_err < self.clearance + 0.001 and yaw_err < np.deg2rad(3):
-                    # inserting: the arm sways by a millimetre as the descent starts; corrected on the way down
+                elif below_carry and xy_err < funnel and yaw_err < np.deg2rad(3):
                     self.phase = "insert"
-                elif xy_err > 0.02 and (top_z + CARRY_CLEARANCE) - bottom > 0.005:
-                    self.phase = "lift"
                 else:
                     self.phase = "carry"
             else:  # at the plate: going into the hole, or stuck on its rim (back up and realign)
