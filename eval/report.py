@@ -675,20 +675,24 @@ def _latency_section(summaries: Mapping[str, dict]) -> list[str]:
     for n, s in have.items():
         lat = s["secondary"]["latency_ms"] or {}
         warm = s["secondary"].get("warmup_ms") or {}
+        if s.get("batch") and not lat.get("count"):
+            continue  # a --num-envs run times its batched queries once per batch: the table below
         rows.append([n, str(lat.get("count", 0)), _num(lat.get("mean"), ".3g"), _num(lat.get("p50"), ".3g"),
                      _num(lat.get("p90"), ".3g"), _num(lat.get("p99"), ".3g"), _num(lat.get("max"), ".3g"),
                      f"{warm.get('count', 0)} ({_num(warm.get('mean'), '.3g')} mean)" if warm else "0",
                      _machine_short(s["machine"])])
-    L += _table(["Model", "Queries", "Mean ms", "p50", "p90", "p99", "Max", "Warm-up queries", "Machine"], rows,
-                ["l"] + ["r"] * 7 + ["l"])
-    L.append("")
+    if rows:
+        L += _table(["Model", "Queries", "Mean ms", "p50", "p90", "p99", "Max", "Warm-up queries", "Machine"], rows,
+                    ["l"] + ["r"] * 7 + ["l"])
+        L.append("")
     steps = {n: s["secondary"]["step_ms"] for n, s in have.items() if s["secondary"].get("step_ms")}
     if steps:
         from eval.runner import STAGES
 
         L += ["Time per control step by stage, ms (share of the step). observe: observation taken from the "
               "scene; preprocess / inference / postprocess: the policy query; physics: action and simulation "
-              "substeps; render: sensors and observation; other: success evaluation and bookkeeping.", ""]
+              "substeps; render: sensors and observation; other: success evaluation and bookkeeping. "
+              "Scenes stepped together: each scene's share of its batch's steps.", ""]
         rows = []
         for n, st in steps.items():
             total = st["total"] or 1.0
@@ -705,7 +709,7 @@ def _latency_section(summaries: Mapping[str, dict]) -> list[str]:
               f"{'/'.join(s.upper() for s in b['sim'])} physics, {b['batches']} batches, {b['tries']} tries. "
               + ("Queries batched: one runner call per step for all live scenes." if b["batched_queries"] else
                  "Queries not batched: this policy is queried scene by scene.")
-              + " Latency at batch 1 is the table above when the run used --num-envs 1; this is the batch's.", ""]
+              + " These are the batch's queries; the latency of one scene's query is a --num-envs 1 run's.", ""]
         L += _table(["Batch query ms: mean", "p50", "p90", "p99", "max", "mean live batch", "ms per scene",
                      "tries/s", "scene steps/s", "host-device bytes/step", "image bytes/step"],
                     [[_num(q.get("mean"), ".3g"), _num(q.get("p50"), ".3g"), _num(q.get("p90"), ".3g"),
