@@ -95,4 +95,6 @@ def test_gpu_scenes_run_a_batch():
     from benchmarks.gpu_physics_check import compare_setup
 
     row = compare_setup("A01", [0, 1, 2, 3], num_envs=4, sim="gpu")
-    assert row["tries"] == 4 and row["batch_success"] >= 0
+    # GPU physics may differ from CPU (that is what the benchmark measures), but every try must run and the
+    # reference must insert on the nominal setup at least once
+    assert row["tries"] == 4 and row["batch_mean_steps"] > 0 and row["batch_success"] >= 1
