@@ -45,13 +45,10 @@ class BatchError(ValueError):
 
 def gpu_sim_unavailable_reason() -> str | None:
     """Why GPU simulation cannot run here, or None."""
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA device (SAPIEN's GPU PhysX needs an NVIDIA GPU)"
-    return None
+    from jetson.zero_copy import cuda_unavailable_reason
+
+    reason = cuda_unavailable_reason()
+    return f"{reason} (SAPIEN's GPU PhysX needs an NVIDIA GPU)" if reason else None
 
 
 def check_batch_request(num_envs: int, sim: str, observes: str, executor: str = "local") -> None:
@@ -101,12 +98,12 @@ class SceneBatch:
                 env.reset(seed=int(seed), options={"start": start, "reconfigure": True})
                 self.instructions.append(env.unwrapped.instructions[0])
 
-    def states(self) -> list[dict[str, np.ndarray]]:
-        """Each scene's exact state (numpy, no batch axis)."""
+    def states(self, idx: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        """The exact state (numpy, no batch axis) of the scenes ``idx``."""
         if self.sim == "gpu":
-            batch = self.envs[0].unwrapped.task_state()
-            return [{k: v[i] for k, v in batch.items()} for i in range(self.num_envs)]
-        return [{k: v[0] for k, v in env.unwrapped.task_state().items()} for env in self.envs]
+            batch = self.envs[0].unwrapped.task_state()  # one read-out for the whole simulation
+            return [{k: v[i] for k, v in batch.items()} for i in idx]
+        return [{k: v[0] for k, v in self.envs[i].unwrapped.task_state().items()} for i in idx]
 
     def step(self, actions: np.ndarray, live: np.ndarray) -> dict[str, np.ndarray]:
         """Apply (N, 7) actions (rows of ended tries are ignored); the info of every scene as numpy (N,) arrays,
@@ -213,10 +210,10 @@ def run_batch(scenes: SceneBatch, members: Sequence[Policy], setup_id: str, spli
     while live.any():
         idx = np.flatnonzero(live)
         t0 = time.perf_counter()
-        states = scenes.states()
+        states = scenes.states(idx)
         t1 = time.perf_counter()
-        actions, stage = query_batch([members[i] for i in idx], [{"state": states[i],
-                                                                    "instruction": scenes.instructions[i]} for i in idx])
+        actions, stage = query_batch([members[i] for i in idx], [{"state": st, "instruction": scenes.instructions[i]}
+                                                                  for i, st in zip(idx, states)])
         t2 = time.perf_counter()
         full = np.tile(hold, (n, 1))
         full[idx] = actions

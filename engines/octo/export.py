@@ -257,7 +257,9 @@ def matching_export(folder: Path, stem: str, digest: str) -> OctoOnnx | None:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SAB_CACHE_DIR") or Path.home() / ".cache" / "shape_assembly_bench") / "onnx"
+    from engines.onnx_utils import cache_root
+
+    return cache_root() / "onnx"
 
 
 def onnx_for_engine(engine, search: Sequence[Path] = (BUILD_DIR,), progress: bool = True) -> OctoOnnx:

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from engines.bc_mlp import DEFAULT_WEIGHTS, export_onnx, load, numpy_forward
+from engines.onnx_utils import cache_root
 from eval.policies.base import Policy
 from eval.state_features import ActionHistory, policy_input
 
@@ -19,14 +20,10 @@ TRT_PRECISION = "fp32"  # a 0.3 MB MLP: fp16 would save nothing measurable and c
 TRT_BATCH_MAX = 256  # the engine's profile covers every --num-envs batch up to this
 
 
-def _cache_root() -> Path:
-    return Path(os.environ.get("SAB_CACHE_DIR") or Path.home() / ".cache" / "shape_assembly_bench")
-
-
 def onnx_for(weights: Path) -> Path:
     """The ONNX export of a weights file, made once and cached under a name from the weights' sha256."""
     digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
-    path = _cache_root() / "onnx" / f"bc_state_{digest}.onnx"
+    path = cache_root() / "onnx" / f"bc_state_{digest}.onnx"
     if not path.exists():
         model, config, _ = load(weights)
         tmp = path.with_suffix(f".{os.getpid()}.tmp.onnx")
@@ -60,7 +57,7 @@ class BCStatePolicy(Policy):
             if reason:
                 raise ValueError(f"bc-state backend 'trt' needs TensorRT and an NVIDIA GPU: {reason}")
             onnx = onnx_for(self.weights)
-            out = _cache_root() / "engines"
+            out = cache_root() / "engines"
             path = trt.build_engine(onnx, out, onnx.stem, TRT_PRECISION, TRT_BATCH_MAX, timing_cache=out / "timing.cache")
             key = trt.system_key(onnx, TRT_PRECISION, TRT_BATCH_MAX)
             self.runner = TensorRtRunner(path, expected_key=key).activate()
