@@ -1,7 +1,8 @@
 """Record scripted-reference demonstrations on the train split, for bc-state.
 
-    python -m eval.demos --tries 40 --noise 0.05 --out data/demos_train.h5                  # expert, perturbed
-    python -m eval.demos --tries 30 --first-try 40 --learner W.safetensors --out data/dagger1.h5   # DAgger
+    python -m eval.demos --tries 20 --out data/demos_m0.h5                                  # the reference
+    python -m eval.demos --tries 25 --first-try 45 --noise 0.1 --out data/dart_n01.h5      # the reference, perturbed
+    python -m eval.demos --tries 15 --first-try 20 --learner W.safetensors --out data/dagger_m1.h5   # DAgger
 
 One HDF5 file: ``states`` (N, 40) float32 (the bc-state input, eval.state_features),
 ``actions`` (N, 7) float32 (the labels) and ``executed`` (N, 7) (what was sent), per
@@ -14,10 +15,15 @@ is executed can differ, so that the data covers the states a learned policy
 drifts into, not only the reference's own path:
 
 * ``--noise S``: the reference's action plus Gaussian noise (S per motion unit,
-  seeded by the try) is executed (DART, Laskey et al. 2017);
+  seeded by the try) is executed (DART, Laskey et al. 2017). These are still
+  scripted runs: the track's definition of bc-state (BENCHMARK.md section 4,
+  "trained on scripted runs from separate training starts"), and the recipe of
+  the shipped weights;
 * ``--learner W``: the bc-state weights W act and the reference, run alongside
   on the same observations, only labels (DAgger, Ross et al. 2011); ``--beta``
-  is the share of steps on which the reference acts instead.
+  is the share of steps on which the reference acts instead. The runs are then
+  the learner's, outside the track's definition: for experiments (the
+  ``bc_state_dagger`` weights and results), not for the scored bc-state.
 
 The reference runs in its labeler mode in every recording: its phase is read
 from the scene and the last executed gripper command at every step, not from

@@ -226,7 +226,7 @@ def build_summary(records: Iterable[Mapping], *, model: str | None = None,
                   n_boot: int = 5000, seed: int = 0) -> dict:
     """JSON-safe summary of one model's tries (fractions, not percent).
 
-    Keys: model, track, split, arm, machine, tasklist_sha256 (from the
+    Keys: model, track, split, arm, machine, tasklist_sha256, backend, weights_sha256 (from the
     records; null when absent, a list when they disagree -- with a warning),
     n_tries, complete, missing, S, S_ci, M, M_ci, groups {g: {rate, ci,
     setups}} in GROUPS order, difficulty {d: {rate, ci, setups}}, setups {id:
@@ -245,7 +245,7 @@ def build_summary(records: Iterable[Mapping], *, model: str | None = None,
     scored, full = _split_records(records)
 
     meta = {key: _common(records, key, warnings) for key in ("model", "track", "split", "arm", "machine",
-                                                             "tasklist_sha256", "backend", "note")}
+                                                             "tasklist_sha256", "backend", "weights_sha256", "note")}
     name = model if model is not None else meta["model"]
     if isinstance(name, list):
         raise ReportError(f"records hold several models ({', '.join(map(str, name))}); one tries file = one model")
@@ -298,6 +298,7 @@ def build_summary(records: Iterable[Mapping], *, model: str | None = None,
         "machine": meta["machine"],
         "tasklist_sha256": meta["tasklist_sha256"],
         "backend": meta["backend"],
+        "weights_sha256": meta["weights_sha256"],
         "note": meta["note"],
         "n_tries": len(scored),
         "complete": sd["complete"],
@@ -531,6 +532,9 @@ def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | 
     L.append("")
     for n, s in summaries.items():
         L.append(f"- Machine ({n}): {_machine_str(s['machine'])}")
+    for n, s in summaries.items():
+        if s.get("weights_sha256") is not None:  # learned policies: which weights file ran
+            L.append(f"- Weights ({n}): sha256 {_val(s['weights_sha256'])}")
     L.append("")
 
     # By group / difficulty

@@ -145,9 +145,13 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     from eval.runner import RunConfig, RunMismatchError, TryLog, hang_record, planned_tries, prepare_out
     from eval.workers import STEP_TIMEOUT_S, BatchResult, Job, WorkerError, WorkerPool
 
+    try:
+        weights = spec.weights_sha256(**options) if spec.weights_sha256 else None
+    except OSError as e:  # a --checkpoint that cannot be read: one line, before any worker starts
+        return _fail(f"cannot read the weights: {e}")
     cfg = RunConfig(model=spec.name, split=args.split, setups=tuple(setups), tries=args.tries, out=args.out,
                     arm=arm.name, tasklist_sha256=tasklist.sha256, options=tuple(sorted(options.items())),
-                    sim=args.sim)
+                    sim=args.sim, weights_sha256=weights)
     try:
         out, done = prepare_out(cfg, fresh=args.fresh)
     except RunMismatchError as e:

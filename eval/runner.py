@@ -38,6 +38,9 @@ class RunConfig:
     tasklist_sha256: str | None = None
     options: tuple = ()  # model options, as sorted (name, value) pairs
     sim: str = "cpu"  # physics: cpu (PhysX on the CPU, one scene or a batch) or gpu (GPU PhysX, eval.batch)
+    # of the weights file the model options select, where the model has one: a run resumed after the
+    # weights changed would otherwise mix two policies' tries in one file
+    weights_sha256: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "options", tuple(tuple(o) for o in self.options))
@@ -50,6 +53,8 @@ class RunConfig:
         d["options"] = {k: v for k, v in self.options}
         if self.sim == "cpu":  # CPU physics gives the same tries batched or not (tested): older runs match
             d.pop("sim")
+        if self.weights_sha256 is None:  # models without a weights file: older runs match
+            d.pop("weights_sha256")
         return d
 
 
@@ -307,6 +312,7 @@ def try_record(setup_id: str, try_index: int, seed: int, split: str, start, task
         "disturbance_step": disturbance_step,
         "tasklist_sha256": tasklist.sha256 if tasklist is not None else None,
         "backend": policy.backend,
+        "weights_sha256": getattr(policy, "weights_sha256", None),
         "note": getattr(policy, "note", None),
         "machine": machine_info(),
         "wall_s": round(wall_s, 3),

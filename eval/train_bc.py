@@ -1,6 +1,6 @@
 """Train the bc-state MLP on recorded demonstrations, deterministically from a seed, on the CPU.
 
-    python -m eval.train_bc --demos data/demos_train.h5 --out engines/weights/bc_state.safetensors
+    python -m eval.train_bc --demos data/demos_m0.h5 data/dart_n01.h5 --out engines/weights/bc_state.safetensors
 
 Writes the weights (safetensors, with the normalisation inside) and a training
 report next to ``--report-dir``: the loss curve (PNG) and ``training.json``

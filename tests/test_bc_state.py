@@ -260,3 +260,18 @@ def test_labeler_mode_reference_inserts_and_labels_from_the_scene():
         assert bool(info["success"][0]) and compared > 30
     finally:
         env.close()
+
+
+def test_committed_results_name_the_shipped_weights():
+    """The published test-split result is of the weights that ship: retraining them means rerunning it."""
+    import json
+    from pathlib import Path
+
+    from eval.policies.bc_state import weights_sha256
+
+    results = Path(__file__).resolve().parent.parent / "results"
+    run = json.loads((results / "bc_state_test" / "run.json").read_text())
+    assert run["weights_sha256"] == weights_sha256()
+    dagger = bc_mlp.DEFAULT_WEIGHTS.with_name("bc_state_dagger.safetensors")
+    assert json.loads((results / "bc_state_dagger" / "test" / "run.json").read_text())["weights_sha256"] == \
+        weights_sha256(dagger)

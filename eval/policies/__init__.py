@@ -17,6 +17,8 @@ class ModelSpec:
     factory: Callable[..., Policy]  # factory(setup=Setup, **options) -> Policy
     description: str
     options: tuple[str, ...] = ()  # model options the factory takes (checkpoint, random_weights, ...)
+    # options -> sha256 of the weights file they select, for the run's identity (None: no single file)
+    weights_sha256: Callable[..., str | None] | None = None
 
 
 def _scripted(setup, **_):
@@ -55,6 +57,12 @@ def _bc_state(checkpoint=None, backend=None, **_):
     return BCStatePolicy(weights=checkpoint, backend=backend or "ort")
 
 
+def _bc_state_weights(checkpoint=None, **_):
+    from eval.policies.bc_state import weights_sha256
+
+    return weights_sha256(checkpoint)
+
+
 MODELS: Mapping[str, ModelSpec] = MappingProxyType({
     m.name: m for m in (
         ModelSpec("scripted", "reference", "state", _scripted, "scripted controller reading exact poses"),
@@ -65,7 +73,7 @@ MODELS: Mapping[str, ModelSpec] = MappingProxyType({
         ModelSpec("octo-base", "frozen", "cameras", _octo("octo-base"),
                   "Octo 1.5 base (93M + t5-base), released weights, zero-shot", OCTO_OPTIONS),
         ModelSpec("bc-state", "adapted", "state", _bc_state, "MLP on exact state trained on scripted demos",
-                  options=("checkpoint", "backend")),
+                  options=("checkpoint", "backend"), weights_sha256=_bc_state_weights),
     )
 })
 

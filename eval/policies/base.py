@@ -43,6 +43,7 @@ class Policy(abc.ABC):
     track: str = "reference"
     observes: str = "state"  # "state" | "cameras"
     backend: str = "python"
+    weights_sha256: str | None = None  # of the weights file a learned policy loaded: records name it
     warmup_queries: int = 3
     queries: int = 0
     # batchable policies split a query into encode (observation -> runner feeds with a batch axis of 1),

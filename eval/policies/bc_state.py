@@ -20,9 +20,14 @@ TRT_PRECISION = "fp32"  # a 0.3 MB MLP: fp16 would save nothing measurable and c
 TRT_BATCH_MAX = 256  # the engine's profile covers every --num-envs batch up to this
 
 
+def weights_sha256(weights: str | Path | None = None) -> str:
+    """sha256 of a weights file (default: the shipped ones): what a run's records and run.json name."""
+    return hashlib.sha256(Path(weights or DEFAULT_WEIGHTS).read_bytes()).hexdigest()
+
+
 def onnx_for(weights: Path) -> Path:
     """The ONNX export of a weights file, made once and cached under a name from the weights' sha256."""
-    digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
+    digest = weights_sha256(weights)[:16]
     path = cache_root() / "onnx" / f"bc_state_{digest}.onnx"
     if not path.exists():
         model, config, _ = load(weights)
@@ -45,6 +50,7 @@ class BCStatePolicy(Policy):
         self.weights = Path(weights) if weights else DEFAULT_WEIGHTS
         self.backend = backend
         self.model, self.config, self.meta = load(self.weights)  # checks shapes and normalisation, one line
+        self.weights_sha256 = weights_sha256(self.weights)
         if backend == "ort":
             from engines.runners import OnnxRuntimeRunner
 
