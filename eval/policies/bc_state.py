@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import hashlib
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -11,7 +10,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from engines.bc_mlp import DEFAULT_WEIGHTS, export_onnx, load, numpy_forward
-from engines.onnx_utils import cache_root
+from engines.onnx_utils import cache_root, sha256_file
 from eval.policies.base import Policy
 from eval.state_features import ActionHistory, policy_input
 
@@ -22,12 +21,12 @@ TRT_BATCH_MAX = 256  # the engine's profile covers every --num-envs batch up to 
 
 def weights_sha256(weights: str | Path | None = None) -> str:
     """sha256 of a weights file (default: the shipped ones): what a run's records and run.json name."""
-    return hashlib.sha256(Path(weights or DEFAULT_WEIGHTS).read_bytes()).hexdigest()
+    return sha256_file(weights or DEFAULT_WEIGHTS)
 
 
-def onnx_for(weights: Path) -> Path:
+def onnx_for(weights: Path, sha256: str) -> Path:
     """The ONNX export of a weights file, made once and cached under a name from the weights' sha256."""
-    digest = weights_sha256(weights)[:16]
+    digest = sha256[:16]
     path = cache_root() / "onnx" / f"bc_state_{digest}.onnx"
     if not path.exists():
         model, config, _ = load(weights)
@@ -54,7 +53,7 @@ class BCStatePolicy(Policy):
         if backend == "ort":
             from engines.runners import OnnxRuntimeRunner
 
-            self.runner = OnnxRuntimeRunner(onnx_for(self.weights)).activate()
+            self.runner = OnnxRuntimeRunner(onnx_for(self.weights, self.weights_sha256)).activate()
         elif backend == "trt":
             from engines import trt
             from engines.runners import TensorRtRunner
@@ -62,7 +61,7 @@ class BCStatePolicy(Policy):
             reason = trt.unavailable_reason()
             if reason:
                 raise ValueError(f"bc-state backend 'trt' needs TensorRT and an NVIDIA GPU: {reason}")
-            onnx = onnx_for(self.weights)
+            onnx = onnx_for(self.weights, self.weights_sha256)
             out = cache_root() / "engines"
             path = trt.build_engine(onnx, out, onnx.stem, TRT_PRECISION, TRT_BATCH_MAX, timing_cache=out / "timing.cache")
             key = trt.system_key(onnx, TRT_PRECISION, TRT_BATCH_MAX)

@@ -49,29 +49,24 @@ def family_z(rows: int, alpha: float = ALPHA) -> float:
     return float(norm.ppf(1 - alpha / (2 * max(rows, 1))))
 
 
+def _family_check(rows: list[tuple[dict, int, int]]) -> dict:
+    """Family-wise band over the rows of one table, each given as (row dict, k, n): adds ``ci_family`` and
+    ``ci_family_covers_chance`` to every row dict and says whether all rows cover chance, both ways."""
+    z = family_z(len(rows))
+    for row, k, n in rows:
+        row["ci_family"] = _ci(k, n, z)
+        row["ci_family_covers_chance"] = row["ci_family"][0] <= row["chance"] <= row["ci_family"][1]
+    return {"rows": len(rows), "z": z, "all_covered": all(r["ci_family_covers_chance"] for r, _, _ in rows),
+            "all_covered_per_row_95": all(r["ci_covers_chance"] for r, _, _ in rows)}
+
+
 def _add_family_bands(summary) -> None:
     """Family-wise (Bonferroni) intervals per table, and whether every row's covers chance."""
-    check = {}
-    for table in ("elementary", "elementary_lite"):
-        rows = summary[table]
-        z = family_z(len(rows))
-        for r in rows.values():
-            r["ci_family"] = _ci(r["correct"], r["n"], z)
-            r["ci_family_covers_chance"] = r["ci_family"][0] <= r["chance"] <= r["ci_family"][1]
-        check[table] = {"rows": len(rows), "z": z,
-                        "all_covered": all(r["ci_family_covers_chance"] for r in rows.values()),
-                        "all_covered_per_row_95": all(r["ci_covers_chance"] for r in rows.values())}
-    plan = summary["planning"]
-    z = family_z(2 * len(plan))  # exact and set per k: the Wilson rows of the planning table
-    for r in plan.values():
-        for key in ("exact", "set"):
-            m = r[key]
-            m["ci_family"] = _ci(m["k"], r["n"], z)
-            m["ci_family_covers_chance"] = m["ci_family"][0] <= m["chance"] <= m["ci_family"][1]
-    check["planning"] = {"rows": 2 * len(plan), "z": z,
-                         "all_covered": all(r[m]["ci_family_covers_chance"] for r in plan.values() for m in ("exact", "set")),
-                         "all_covered_per_row_95": all(r[m]["ci_covers_chance"] for r in plan.values()
-                                                       for m in ("exact", "set"))}
+    check = {table: _family_check([(r, r["correct"], r["n"]) for r in summary[table].values()])
+             for table in ("elementary", "elementary_lite")}
+    # exact and set per k: the Wilson rows of the planning table
+    check["planning"] = _family_check([(r[m], r[m]["k"], r["n"]) for r in summary["planning"].values()
+                                       for m in ("exact", "set")])
     summary["chance_check"] = {"level": 1 - ALPHA, "method": "Wilson intervals, Bonferroni over the rows of each table",
                                "tables": check}
 
