@@ -247,9 +247,10 @@ def block_collision_parts(shape) -> list[np.ndarray]:
     ]
 
 
-# Distractor objects (clutter setups): prisms too large for every hole at any yaw
-# and every clearance up to 3 mm (checked by a test). kind -> (outline maker, height)
-DISTRACTOR_HEIGHT = {"cube": 0.055, "hexagon": 0.040, "bar": 0.030}
+# Distractor objects (clutter setups): prisms that pass no hole in any orientation (standing, lying or
+# tilted) at every clearance up to 3 mm, checked by ``distractor_fit_margin`` in a test and by a drop
+# test. The bar is 50 mm tall: at 30 mm its 30 x 30 end fitted the square and circle holes.
+DISTRACTOR_HEIGHT = {"cube": 0.055, "hexagon": 0.040, "bar": 0.050}
 
 
 def distractor_outline(kind) -> np.ndarray:
@@ -314,3 +315,123 @@ def write_convex_obj(vertices: np.ndarray, path) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------ upright and through
+def _tilted_slab_footprint(shape, tilt: float, azimuth: float, thickness: float) -> np.ndarray:
+    """xy points whose hull is the part of the block prism inside a slab of ``thickness``, projected down.
+
+    The prism spans the whole slab (it is through the plate). Tilted by ``tilt`` towards ``azimuth`` (in
+    the block frame), each horizontal section is the outline stretched by 1/cos(tilt) along the azimuth,
+    and the sections at the slab's bottom and top are T tan(tilt) apart: the part inside the slab is the
+    hull of those two sections.
+    """
+    d = np.array([math.cos(azimuth), math.sin(azimuth)])
+    outline = block_outline(shape)
+    along = outline @ d
+    section = outline + np.outer(along * (1.0 / math.cos(tilt) - 1.0), d)
+    return np.vstack([section, section + thickness * math.tan(tilt) * d])
+
+
+def slab_fit_margin(shape, clearance, tilt: float, azimuth: float) -> float:
+    """Fit margin (m, >= 0 fits) of a block standing tilted through its own hole at its matching yaw."""
+    pts = _tilted_slab_footprint(shape, tilt, azimuth, PLATE_THICKNESS)
+    return fit_margin(pts, hole_outline(shape, clearance), 0.0)
+
+
+def max_upright_tilt(shape, clearance, azimuths: int = 12) -> float:
+    """The largest tilt (rad) of a block's axis from vertical with which it can stand through its own hole.
+
+    Only the plate's 12 mm slab holds a block that is through the plate, so the bound is where the
+    slab part of the tilted prism (``slab_fit_margin``) stops fitting the hole: the largest over tilt
+    directions of the tilt found by bisection (to 0.005 deg), at the matching yaw (the worst case).
+    The outline and its hole are symmetric about a vertex's axis and repeat every 360/N deg for N
+    vertices, so directions over half of that period cover every direction: a grid of ``azimuths``
+    of them, then a golden-section search around the grid's best. Square at
+    2 mm: 15.9 deg (towards a corner; about 13 towards a side), roughly atan(extra width / plate
+    thickness). A block tilted more is wedged, not standing.
+    """
+    half_period = math.pi / len(block_outline(shape))
+
+    def tilt_limit(azimuth: float) -> float:
+        if slab_fit_margin(shape, clearance, 0.0, azimuth) < 0:
+            return 0.0
+        lo, hi = 0.0, math.radians(60.0)
+        while hi - lo > math.radians(5e-3):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if slab_fit_margin(shape, clearance, mid, azimuth) >= 0 else (lo, mid)
+        return lo
+
+    grid = np.linspace(0.0, half_period, azimuths)
+    limits = [tilt_limit(a) for a in grid]
+    # the largest lies between grid points: golden-section search around the best one
+    i = int(np.argmax(limits))
+    a, b = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    g = (math.sqrt(5.0) - 1.0) / 2.0
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = tilt_limit(c), tilt_limit(d)
+    for _ in range(14):
+        if fc >= fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = tilt_limit(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = tilt_limit(d)
+    return max(max(limits), fc, fd)
+
+
+def tilt_of(quat_wxyz) -> float:
+    """Angle (rad) between a body's z axis and world z."""
+    return float(math.acos(np.clip(_quat_wxyz_to_matrix(quat_wxyz)[2, 2], -1.0, 1.0)))
+
+
+def block_vertices(shape) -> np.ndarray:
+    """(V, 3) every collision vertex of a block (prism and knob) in block frame."""
+    return np.vstack(block_collision_parts(shape))
+
+
+def bottom_face(shape) -> np.ndarray:
+    """(N, 3) vertices of the prism's bottom face in block frame."""
+    prism = block_collision_parts(shape)[0]
+    return prism[: len(prism) // 2]
+
+
+def _fibonacci_directions(n: int) -> np.ndarray:
+    """n near-uniform unit vectors on the upper hemisphere (a body and its flip pass the same holes)."""
+    i = np.arange(n) + 0.5
+    z = i / n
+    phi = i * math.pi * (3.0 - math.sqrt(5.0))
+    r = np.sqrt(1.0 - z * z)
+    return np.column_stack([r * np.cos(phi), r * np.sin(phi), z])
+
+
+def distractor_fit_margin(kind, hole_shape, clearance, directions: int = 600, yaws: int = 36) -> float:
+    """The largest fit margin (m; >= 0 means it passes) of a distractor through a hole over orientations.
+
+    A body passes a hole going straight down only if its shadow (its vertices projected along the
+    vertical) fits the hole. Every orientation is a direction of the body that points up (sampled on the
+    hemisphere) and a yaw about it; the shadow's widths are checked against the hole's first (a shadow
+    wider than the hole in some direction cannot fit) and the LP of ``fit_margin`` decides the rest.
+    """
+    verts = distractor_collision_parts(kind)[0]
+    hole = hole_outline(hole_shape, clearance)
+    angles = np.arange(90) * math.pi / 90
+    dirs = np.column_stack([np.cos(angles), np.sin(angles)])
+    hole_width = (hole @ dirs.T).max(0) - (hole @ dirs.T).min(0)
+    best = -np.inf
+    for up in _fibonacci_directions(directions):
+        # a frame with ``up`` as its third axis; the shadow is the first two coordinates
+        a = np.array([1.0, 0.0, 0.0]) if abs(up[0]) < 0.9 else np.array([0.0, 1.0, 0.0])
+        e1 = np.cross(up, a)
+        e1 /= np.linalg.norm(e1)
+        e2 = np.cross(up, e1)
+        shadow0 = verts @ np.column_stack([e1, e2])
+        for yaw in np.arange(yaws) * 2 * math.pi / yaws:
+            shadow = shadow0 @ _rot2(yaw).T
+            proj = shadow @ dirs.T
+            if np.any(proj.max(0) - proj.min(0) > hole_width + 1e-9):
+                continue  # wider than the hole in some direction: it cannot fit
+            best = max(best, fit_margin(shadow, hole, 0.0))
+    return best

@@ -12,15 +12,23 @@ exactly through ``reset(options={"start": StartState})``):
   of clutter setups on their own slots; starts never overlap;
 - board xy offset and yaw (setups B03/B04).
 
-**Success** (evaluated every control step, all four for 10 steps in a row):
-1. matched: the block's centre is within clearance + 3 mm of its own hole's
-   centre in the board plane;
-2. deep: the block's lowest point is at least 25 mm below the plate's top face;
-3. released: no finger touches the block and the gripper is at least 90% open;
-4. settled: the block's speed is below 2 cm/s.
-``info`` carries each condition, the streak counter and the flags
-``wrong_hole``, ``penetration``, ``dropped`` (sticky over the try) and ``rim``
-(the block rests on the plate right now).
+**Success** (predicate v2, ``SUCCESS_PREDICATE_VERSION``; evaluated every control step, all four for
+10 steps in a row):
+1. matched: the block's centre is within clearance + 3 mm of its own hole's centre in the board plane;
+2. deep: every vertex of the block's bottom face is at least 25 mm below the plate's top face, and the
+   block is upright: its axis within the tilt a block standing through its own hole can have at this
+   clearance (``env.geometry.max_upright_tilt`` at clearance + the 1 mm overlap tolerance);
+3. released: on every physics substep of the step no finger touches the block and the gripper is at
+   least 90% open;
+4. settled: on every physics substep of the step no point of the block moves faster than 2 cm/s.
+A try is a success only if, besides, it never raised a vetoing flag (``VETO_FLAGS``: ``wrong_hole``,
+``penetration``, ``glitch``); ``info["success_raw"]`` is the predicate's own verdict, and a vetoed one
+ends the try (``info["fail"]``). ``info`` carries each condition, the streak counter and the flags
+``wrong_hole`` (a block through another shape's hole), ``penetration`` (a block more than 1 mm inside
+the plate, by an exact convex overlap test; through the plate where there is no hole; under the
+table), ``glitch`` (a block no robot link, other body or disturbance touched gained mechanical
+energy), ``dropped`` (all sticky over the try) and ``rim`` (the block rests on the board, not through,
+right now).
 
 **Physics choices.** The board is a plate of convex prisms around each hole
 (see :mod:`env.geometry`), so a block passes only through a real opening. The
@@ -30,12 +38,18 @@ as much as the tightest clearance, and PhysX then resolves wall contacts late an
 jams or tunnels; at 500 Hz the per-step motion is 0.1 mm. Contact offset is
 5 mm (contacts are generated before the walls meet, which also keeps the
 solver from seeing deep first contacts), rest offset 0 so that the geometric
-clearance is the physical clearance.
+clearance is the physical clearance. The blocks' and distractors' depenetration
+speed is capped at 0.2 m/s: PhysX's default is unbounded, and a block whose corner
+dropped into a wrong hole's gap was pushed out of the wall at up to 1 m/s, gaining
+up to 34 mJ (thrown off the board); at the cap an overlap's push adds at most
+1.2 mJ (``benchmarks/wrong_hole_energy.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -53,23 +67,22 @@ from mani_skill.utils.scene_builder.table import TableSceneBuilder
 from mani_skill.utils.structs.pose import Pose
 from mani_skill.utils.structs.types import SceneConfig, SimConfig
 
-from env import geometry
+from env import geometry, overlap
 from env.arms import ArmSpec, check_assets, get_arm, register_agents
+from env.predicate import (DEEP_M, GLITCH_ENERGY_J, MATCH_MARGIN_M, PENETRATION_TOL_M, RELEASED_OPENING,  # noqa: F401
+                           SETTLED_MPS, STICKY_FLAGS, SUCCESS_HOLD_STEPS, SUCCESS_PREDICATE_VERSION,
+                           TABLE_PENETRATION_M, VETO_FLAGS)
 from env.setups import Setup, get_setup
 from env.starts import DEFAULT_BLOCK_RGB, StartState, sample_start
 
 ENV_ID = "ShapeAssembly-v1"
 CONTROL_FREQ = 20
 SIM_FREQ = 500
-SUCCESS_HOLD_STEPS = 10
-MATCH_MARGIN_M = 0.003
-DEEP_M = 0.025
-SETTLED_MPS = 0.02
-RELEASED_OPENING = 0.9
 CONTACT_EPS_N = 1e-3
 GRASP_FORCE_N = 0.5
 DROP_CONFIRM_STEPS = 3
-PENETRATION_TOL_M = 0.0015
+MAX_DEPENETRATION_MPS = 0.2
+GRAVITY_MPS2 = 9.81
 THIRD_PERSON_CAMERA = "third_person"
 THIRD_PERSON_SIZE = (256, 256)
 THIRD_PERSON_EYE = (0.30, 0.26, 0.40)
@@ -156,6 +169,13 @@ def _set_entity_color(entity, rgb) -> None:
             part.material.set_base_color([*rgb[:3], 1.0])
 
 
+def _cap_depenetration(actor):
+    """Bound the speed at which PhysX pushes the actor's bodies out of an overlap (see Physics choices)."""
+    for entity in actor._objs:
+        _rigid(entity).set_max_depenetration_velocity(MAX_DEPENETRATION_MPS)
+    return actor
+
+
 def _set_actor_color(actor, rgb) -> None:
     for entity in actor._objs:
         _set_entity_color(entity, rgb)
@@ -176,17 +196,31 @@ def _rotmat(q: torch.Tensor) -> torch.Tensor:
     ], dim=-1).reshape(q.shape[:-1] + (3, 3))
 
 
-def success_conditions(own_dist, bottom, speed, touched, opening, clearance):
+@functools.lru_cache(maxsize=None)
+def upright_bound(shape: str, clearance: float) -> float:
+    """Most tilt (rad) the upright test accepts: a block through its own hole tilted more overlaps the
+    plate by more than the penetration tolerance (``geometry.max_upright_tilt`` at clearance + tol)."""
+    return geometry.max_upright_tilt(shape, clearance + PENETRATION_TOL_M)
+
+
+def _rigid(entity) -> "sapien.physx.PhysxRigidDynamicComponent":
+    return entity.find_component_by_type(sapien.physx.PhysxRigidDynamicComponent)
+
+
+def success_conditions(own_dist, bottom_face_top, tilt_cos, upright_cos, point_speed, touched, opening, clearance):
     """The spec's four success conditions per block (tensors of shape (scenes, blocks)).
 
     own_dist: distance (m) of each block centre from its own hole's centre in the board plane;
-    bottom: lowest point of each block above the board's base (m); speed: m/s;
-    touched: any finger touches the block; opening: gripper opening fraction per scene.
+    bottom_face_top: the highest vertex of the block's bottom face above the board's base (m);
+    tilt_cos: cosine of the angle between the block's axis and vertical; upright_cos: the cosine of
+    each shape's upright bound (blocks,); point_speed: the fastest point of the block on any substep of
+    the step (m/s); touched: a finger touched the block on some substep; opening: the gripper's least
+    opening fraction on the step's substeps, per scene.
     """
     matched = own_dist <= clearance + MATCH_MARGIN_M
-    deep = bottom <= geometry.PLATE_TOP_Z - DEEP_M
+    deep = (bottom_face_top <= geometry.PLATE_TOP_Z - DEEP_M) & (tilt_cos >= upright_cos)
     released = (~touched) & (opening >= RELEASED_OPENING).unsqueeze(-1)
-    settled = speed < SETTLED_MPS
+    settled = point_speed < SETTLED_MPS
     return matched, deep, released, settled
 
 
@@ -266,15 +300,38 @@ class ShapeAssemblyEnv(BaseEnv):
             normals.append(torch.tensor(n, dtype=torch.float32))
             offsets.append(torch.tensor(d, dtype=torch.float32))
         self._hole_halfplanes = [(n.to(self.device), d.to(self.device)) for n, d in zip(normals, offsets)]
-        self._outlines = [torch.tensor(geometry.block_outline(s), dtype=torch.float32, device=self.device) for s in geometry.SHAPES]
         prism = [geometry.block_collision_parts(s)[0] for s in geometry.SHAPES]
-        n_max = max(len(v) for v in prism)  # pad with repeated vertices so that all shapes stack
-        self._prism_vertices = torch.tensor(
-            np.stack([np.concatenate([v, np.repeat(v[:1], n_max - len(v), 0)]) for v in prism]),
-            dtype=torch.float32, device=self.device)
+        # shapes stack padded with repeated vertices (a repeated vertex changes no min, max or hull)
+        self._prism_vertices = overlap._pad(prism).to(self.device)
+        self._bottom_faces = overlap._pad([geometry.bottom_face(s) for s in geometry.SHAPES]).to(self.device)
+        self._upright_cos = torch.tensor([math.cos(upright_bound(s, self.clearance)) for s in geometry.SHAPES],
+                                         dtype=torch.float32, device=self.device)
+        self._block_polytopes = [overlap.PolytopeSet.of([overlap.prism(v)]).to(self.device).first() for v in prism]
+        plate = [overlap.prism(v) for v in geometry.plate_pieces(self.clearance)]
+        plate += [overlap.box(c, h) for c, h in geometry.rail_boxes()]
+        self._plate_polytopes = overlap.PolytopeSet.of(plate).to(self.device)
+        self._plate_lo = self._plate_polytopes.vertices.amin(1)  # (pieces, 3) bounding boxes, board frame
+        self._plate_hi = self._plate_polytopes.vertices.amax(1)
+        comps = [_rigid(self.blocks[s]._objs[0]) for s in geometry.SHAPES]
+        self._block_mass = torch.tensor([c.mass for c in comps], dtype=torch.float32, device=self.device)
+        self._block_inertia = torch.tensor(np.stack([c.inertia for c in comps]), dtype=torch.float32, device=self.device)
+        self._block_cmass = torch.tensor(np.stack([np.concatenate([c.cmass_local_pose.p, c.cmass_local_pose.q])
+                                                   for c in comps]), dtype=torch.float32, device=self.device)
+        self._block_points = overlap._pad([geometry.block_vertices(s) for s in geometry.SHAPES]).to(self.device)
         self._fingers = [self.agent.robot.links_map[name] for name in self.arm.finger_links]
         self._finger_entity = {c.entity.global_id: f for f, link in enumerate(self._fingers) for c in link._objs}
         self._block_entity = {e.global_id: k for k, s in enumerate(geometry.SHAPES) for e in self.blocks[s]._objs}
+        # CPU contact pass: what each body is (a block; a finger; another robot link or a distractor, whose
+        # touch can give a block energy); the board and the table are neither
+        role = {c.entity.global_id: ("robot", -1) for link in self.agent.robot.links for c in link._objs}
+        role.update({e.global_id: ("robot", -1) for d in self.distractors.values() for e in d._objs})
+        role.update({gid: ("finger", f) for gid, f in self._finger_entity.items()})
+        role.update({gid: ("block", k) for gid, k in self._block_entity.items()})
+        self._contact_role = role
+        self._block_components = comps
+        # every collision vertex relative to the centre of mass, in block frame (point speeds)
+        self._block_points_np = (self._block_points - self._block_cmass[:, None, :3]).cpu().numpy().astype(np.float64)
+        self._gpu_contact_query = None
 
     def _build_board(self):
         builder = self.scene.create_actor_builder()
@@ -299,7 +356,7 @@ class ShapeAssemblyEnv(BaseEnv):
             builder.add_convex_collision_from_file(path, material=physical, density=800)
             builder.add_visual_from_file(path, material=material)
         builder.initial_pose = sapien.Pose(p=[*_PARK_XY, _FLOOR_Z + 1])
-        return builder.build(name=f"block_{shape}")
+        return _cap_depenetration(builder.build(name=f"block_{shape}"))
 
     def _build_distractor(self, kind: str):
         builder = self.scene.create_actor_builder()
@@ -309,7 +366,7 @@ class ShapeAssemblyEnv(BaseEnv):
             builder.add_convex_collision_from_file(path, density=500)
             builder.add_visual_from_file(path, material=material)
         builder.initial_pose = sapien.Pose(p=[*_PARK_XY, _FLOOR_Z + 1])
-        return builder.build(name=f"distractor_{kind}")
+        return _cap_depenetration(builder.build(name=f"distractor_{kind}"))
 
     def _build_occluder(self):
         """A grey panel with no collision shape: it hides part of the board from the third-person camera."""
@@ -349,6 +406,9 @@ class ShapeAssemblyEnv(BaseEnv):
             self._target_mask = torch.tensor(
                 [[st.target in ("all", s) and any(x.shape == s for x in st.blocks) for s in geometry.SHAPES] for st in starts]
             )
+        self._active_np = self._active[0].numpy().copy()  # CPU substep monitor: one scene
+        self._active_idx = [k for k in range(3) if self._active_np[k]]
+        self._grip_idx = list(self.arm.gripper_qpos_idx)
         self.instructions = [
             INSTRUCTION_FULL_BOARD if st.target == "all" else INSTRUCTION.format(shape=st.target) for st in starts
         ]
@@ -391,7 +451,7 @@ class ShapeAssemblyEnv(BaseEnv):
         if not hasattr(self, "_streak") or self._streak.shape[0] != n:
             z = lambda dtype=torch.bool: torch.zeros(n, dtype=dtype, device=self.device)  # noqa: E731
             self._streak = z(torch.int32)
-            self._flags = {k: z() for k in ("wrong_hole", "penetration", "dropped")}
+            self._flags = {k: z() for k in STICKY_FLAGS}
             self._carried = torch.zeros((n, 3), dtype=torch.bool, device=self.device)
             self._untouched_steps = torch.zeros((n, 3), dtype=torch.int32, device=self.device)
             self._lost_while_holding = torch.zeros((n, 3), dtype=torch.bool, device=self.device)
@@ -402,7 +462,10 @@ class ShapeAssemblyEnv(BaseEnv):
             self._forced_open_left = z(torch.int32)
             self._forced_now = z()
             self._pending = torch.zeros((self.task_setup.latency_steps, n, 7), device=self.device)
+            self._energy_ref = torch.full((n, 3), float("inf"), device=self.device)
+            self._new_substep_window()
         self._streak[env_idx] = 0
+        self._energy_ref[env_idx] = float("inf")
         for f in self._flags.values():
             f[env_idx] = False
         self._carried[env_idx] = False
@@ -422,17 +485,17 @@ class ShapeAssemblyEnv(BaseEnv):
         return torch.stack([self.blocks[s].pose.raw_pose for s in geometry.SHAPES], 1)
 
     def _block_state(self):
-        """Per block (b, 3 shapes, ...): board-frame xy, yaw, bottom z, speed."""
+        """Per block (b, 3 shapes, ...): board-frame position (xyz) and rotation (3x3), world rotation."""
         board = self.board.pose.raw_pose
         poses = self._block_raw_poses()
         byaw = _yaw_t(board[:, 3:7])
-        c, s = torch.cos(-byaw)[:, None], torch.sin(-byaw)[:, None]
-        d = poses[..., :2] - board[:, None, :2]
-        local_xy = torch.stack([c * d[..., 0] - s * d[..., 1], s * d[..., 0] + c * d[..., 1]], -1)
-        yaw = _yaw_t(poses[..., 3:7]) - byaw[:, None]
-        bottom = self._bottoms(poses) - board[:, None, 2]
-        speed = torch.stack([torch.linalg.norm(self.blocks[s].linear_velocity, dim=-1) for s in geometry.SHAPES], 1)
-        return local_xy, yaw, bottom, speed
+        c, s = torch.cos(-byaw), torch.sin(-byaw)
+        zero, one = torch.zeros_like(c), torch.ones_like(c)
+        to_board = torch.stack([c, -s, zero, s, c, zero, zero, zero, one], -1).reshape(-1, 1, 3, 3)
+        rot = _rotmat(poses[..., 3:7])
+        local_p = torch.einsum("bkij,bkj->bki", to_board.expand(-1, 3, -1, -1), poses[..., :3] - board[:, None, :3])
+        local_rot = to_board @ rot
+        return local_p, local_rot, rot, poses
 
     def _bottoms(self, poses: torch.Tensor) -> torch.Tensor:
         """(b, 3) lowest world z of each block's prism."""
@@ -440,44 +503,197 @@ class ShapeAssemblyEnv(BaseEnv):
         z = torch.einsum("bkj,kvj->bkv", rot_z, self._prism_vertices) + poses[..., 2:3]
         return z.min(dim=-1).values
 
-    def _finger_forces(self):
-        """(b, 3 shapes, 2 fingers) contact force norms between fingers and blocks."""
-        if self.gpu_sim_enabled:
-            out = torch.zeros((self.num_envs, 3, 2), device=self.device)
-            for k, shape in enumerate(geometry.SHAPES):
-                for f, link in enumerate(self._fingers):
-                    out[:, k, f] = torch.linalg.norm(
-                        self.scene.get_pairwise_contact_forces(link, self.blocks[shape]), dim=-1)
-            return out
-        # CPU: one pass over this step's contacts instead of one pass per (finger, block) pair
-        impulse = np.zeros((3, 2, 3))
-        for contact in self.scene.px.get_contacts():
-            a, b = contact.bodies[0].entity, contact.bodies[1].entity
-            for e1, e2, sign in ((a, b, 1.0), (b, a, -1.0)):
-                f = self._finger_entity.get(e1.global_id)
-                k = self._block_entity.get(e2.global_id)
-                if f is not None and k is not None:
-                    impulse[k, f] += sign * np.sum([p.impulse for p in contact.points], axis=0)
-        force = np.linalg.norm(impulse, axis=-1) / self.scene.px.timestep
-        return torch.as_tensor(force, dtype=torch.float32, device=self.device)[None]
+    def _plate_overlap(self, local_p: torch.Tensor, local_rot: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """(b, 3) deepest overlap (m) of each block's prism with any plate piece or rail; 0 if none."""
+        verts = torch.einsum("bkij,kvj->bkvi", local_rot, self._prism_vertices) + local_p[:, :, None, :]
+        lo, hi = verts.amin(2), verts.amax(2)  # (b, 3, 3)
+        near = ((lo[:, :, None] < self._plate_hi[None, None]) & (hi[:, :, None] > self._plate_lo[None, None])
+                ).all(-1) & active[..., None]  # bounding boxes overlap: the exact test decides
+        depth = torch.zeros(local_p.shape[:2], device=self.device)
+        plate = self._plate_polytopes
+        for k, block in enumerate(self._block_polytopes):  # one shape at a time: no padding to the circle's 64
+            bi, pi = near[:, k].nonzero(as_tuple=True)
+            if not len(bi):
+                continue
+            rot = local_rot[bi, k]
+            d = overlap.overlap_depth(
+                torch.einsum("nij,vj->nvi", rot, block.vertices) + local_p[bi, k][:, None, :],
+                torch.einsum("nij,fj->nfi", rot, block.normals), torch.einsum("nij,fj->nfi", rot, block.edges),
+                plate.vertices[pi], plate.normals[pi], plate.edges[pi])
+            depth[:, k] = torch.zeros(len(depth), device=self.device).scatter_reduce(
+                0, bi, d.clamp_min(0.0), reduce="amax")
+        return depth
 
-    def _in_polygon(self, xy: torch.Tensor, hole: int, tol: float = 0.0) -> torch.Tensor:
+    # ----------------------------------------------------- per-substep monitor
+    def _new_substep_window(self) -> None:
+        """Start the record of a control step's substeps: touches, least opening, fastest point."""
+        n = self.num_envs
+        self._sub_touched = torch.zeros((n, 3), dtype=torch.bool, device=self.device)
+        self._sub_bumped = torch.zeros((n, 3), dtype=torch.bool, device=self.device)
+        self._sub_opening = torch.full((n,), float("inf"), device=self.device)
+        self._sub_speed = torch.zeros((n, 3), device=self.device)
+        self._sub_force = torch.zeros((n, 3, 2), device=self.device)
+        self._sub_count = 0
+        if not self.gpu_sim_enabled:  # raw CPU readings, turned into the above once per control step
+            steps = self._sim_steps_per_control
+            self._sub_raw_v = np.zeros((steps, 3, 3))
+            self._sub_raw_w = np.zeros((steps, 3, 3))
+            self._sub_raw_q = np.tile(np.array([1.0, 0.0, 0.0, 0.0]), (steps, 3, 1))
+            self._sub_raw_grip = np.zeros((steps, len(self.arm.gripper_qpos_idx)))
+            self._sub_raw_touched = np.zeros(3, dtype=bool)
+            self._sub_raw_bumped = np.zeros(3, dtype=bool)
+            self._sub_raw_force = np.zeros((3, 2))
+
+    def _before_control_step(self):
+        super()._before_control_step()
+        self._new_substep_window()
+
+    def _after_simulation_step(self):
+        """After every physics substep: finger touches, other bodies' touches, gripper opening and the
+        fastest point of each block, so that released and settled hold on every substep, not only on
+        the last one of a control step."""
+        super()._after_simulation_step()
+        if not self.gpu_sim_enabled:  # one CPU scene: read the PhysX components directly, cheaply
+            i = self._sub_count
+            active = self._active_np
+            last = i == self._sim_steps_per_control - 1  # the grasp force is read on the last substep
+            if last or not (self._sub_raw_touched[active].all() and self._sub_raw_bumped[active].all()):
+                force = self._cpu_contacts(self._sub_raw_touched, self._sub_raw_bumped)
+                if last:
+                    self._sub_raw_force = force
+            for k in self._active_idx:
+                c = self._block_components[k]
+                self._sub_raw_v[i, k] = c.linear_velocity
+                self._sub_raw_w[i, k] = c.angular_velocity
+                self._sub_raw_q[i, k] = c.entity.pose.q
+            self._sub_raw_grip[i] = self.agent.robot._objs[0].qpos[self._grip_idx]
+            self._sub_count += 1
+            return
+        self.scene._gpu_fetch_all()
+        force, bumped = self._gpu_contacts()
+        qpos = self.agent.robot.get_qpos()
+        v = torch.stack([self.blocks[s].linear_velocity for s in geometry.SHAPES], 1)
+        w = torch.stack([self.blocks[s].angular_velocity for s in geometry.SHAPES], 1)
+        rot = _rotmat(self._block_raw_poses()[..., 3:7])
+        arm = torch.einsum("bkij,kvj->bkvi", rot, self._block_points - self._block_cmass[:, None, :3])
+        speed = torch.linalg.norm(v[:, :, None] + torch.cross(w[:, :, None].expand_as(arm), arm, dim=-1), dim=-1)
+        self._sub_touched |= (force > CONTACT_EPS_N).any(-1)
+        self._sub_bumped |= bumped
+        self._sub_opening = torch.minimum(self._sub_opening, self.arm.opening_from_qpos(qpos))
+        self._sub_speed = torch.maximum(self._sub_speed, speed.amax(-1))
+        self._sub_force = force
+        self._sub_count += 1
+
+    def _close_substep_window(self) -> None:
+        """CPU: the control step's raw substep readings as the tensors the predicates read."""
+        if self.gpu_sim_enabled or self._sub_count == 0:
+            return
+        n = self._sub_count
+        w, q = self._sub_raw_w[:n], self._sub_raw_q[:n]
+        qw, qv = q[..., :1], q[..., 1:]
+        # rotate each vertex (relative to the centre of mass) by its substep's rotation: r' = r + 2 qw (qv x r)
+        # + 2 qv x (qv x r), without building matrices
+        r = self._block_points_np[None]
+        qv_, qw_ = qv[:, :, None], qw[:, :, None]
+        t = 2.0 * np.cross(qv_, r)
+        arm = r + qw_ * t + np.cross(qv_, t)
+        speed = np.linalg.norm(self._sub_raw_v[:n, :, None] + np.cross(w[:, :, None], arm), axis=-1).max(-1).max(0)
+        grip = self.arm.gripper_opening(self._sub_raw_grip[:n].mean(-1)).min()
+        self._sub_touched = torch.from_numpy(self._sub_raw_touched.copy())[None]
+        self._sub_bumped = torch.from_numpy(self._sub_raw_bumped.copy())[None]
+        self._sub_opening = torch.tensor([float(grip)])
+        self._sub_speed = torch.from_numpy(speed.astype(np.float32))[None]
+        self._sub_force = torch.from_numpy(self._sub_raw_force.astype(np.float32))[None]
+
+    def _cpu_contacts(self, touched: np.ndarray, bumped: np.ndarray) -> np.ndarray:
+        """One pass over this substep's PhysX contacts: marks the blocks a finger touches (``touched``) and
+        those another body (robot link, block, distractor) touches (``bumped``); returns the finger-block
+        forces (3 blocks, 2 fingers) in N."""
+        impulse = np.zeros((3, 2, 3))
+        role = self._contact_role
+        for contact in self.scene.px.get_contacts():
+            bodies = contact.bodies
+            ra = role.get(bodies[0].entity.global_id)
+            if ra is None:
+                continue
+            rb = role.get(bodies[1].entity.global_id)
+            if rb is None or (ra[0] != "block" and rb[0] != "block"):
+                continue  # only contacts of a block with a finger, another link, block or distractor
+            points = contact.points
+            total = points[0].impulse
+            for p in points[1:]:
+                total = total + p.impulse
+            touching = bool(total.any()) or min(p.separation for p in points) < 0.0
+            if not touching:
+                continue
+            for (kind_a, ia), (kind_b, ib), sign in ((ra, rb, 1.0), (rb, ra, -1.0)):
+                if kind_b != "block":
+                    continue
+                bumped[ib] = True
+                if kind_a == "finger":
+                    impulse[ib, ia] += sign * total
+        force = np.linalg.norm(impulse, axis=-1) / self.scene.px.timestep
+        touched |= (force > CONTACT_EPS_N).any(-1)
+        return force
+
+    def _gpu_contacts(self):
+        """GPU PhysX: the same as ``_cpu_contacts`` from one pair-impulse query for every scene."""
+        links = list(self.agent.robot.links)
+        others = [self.blocks[s] for s in geometry.SHAPES] + list(self.distractors.values())
+        if self._gpu_contact_query is None:
+            pairs, rows = [], []
+            for k, shape in enumerate(geometry.SHAPES):
+                block = self.blocks[shape]
+                for j, body in enumerate(links + others):
+                    if body is block:
+                        continue
+                    pairs += list(zip(body._bodies, block._bodies))
+                    rows.append((k, j))
+            self._gpu_contact_query = (self.scene.px.gpu_create_contact_pair_impulse_query(pairs), rows)
+        query, rows = self._gpu_contact_query
+        self.scene.px.gpu_query_contact_pair_impulses(query)
+        imp = query.cuda_impulses.torch().clone().reshape(len(rows), self.num_envs, 3)
+        mag = torch.linalg.norm(imp, dim=-1) / self.scene.px.timestep  # (rows, b)
+        force = torch.zeros((self.num_envs, 3, 2), device=self.device)
+        bumped = torch.zeros((self.num_envs, 3), dtype=torch.bool, device=self.device)
+        finger_rows = {links.index(f): i for i, f in enumerate(self._fingers)}
+        for r, (k, j) in enumerate(rows):
+            if j in finger_rows:
+                force[:, k, finger_rows[j]] = mag[r]
+            bumped[:, k] |= mag[r] > 0
+        return force, bumped
+
+    def _block_energy(self, poses: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+        """(b, 3) kinetic (linear and rotational) plus potential energy of each block (J)."""
+        v = torch.stack([self.blocks[s].linear_velocity for s in geometry.SHAPES], 1)
+        w = torch.stack([self.blocks[s].angular_velocity for s in geometry.SHAPES], 1)
+        inertia_rot = rot @ _rotmat(self._block_cmass[:, 3:7])  # principal axes in the world
+        w_body = torch.einsum("bkji,bkj->bki", inertia_rot, w)
+        com_z = poses[..., 2] + torch.einsum("bkj,kj->bk", rot[..., 2, :], self._block_cmass[:, :3])
+        m = self._block_mass
+        return (0.5 * m * (v * v).sum(-1) + 0.5 * (self._block_inertia * w_body * w_body).sum(-1)
+                + m * GRAVITY_MPS2 * com_z)
+
+    def _in_polygon(self, xy: torch.Tensor, hole: int) -> torch.Tensor:
         n, d = self._hole_halfplanes[hole]
         rel = xy - self._cell_xy[hole]
-        return ((rel @ n.T) <= d + tol).all(dim=-1)
+        return ((rel @ n.T) <= d).all(dim=-1)
 
     def _compute_conditions(self) -> dict[str, torch.Tensor]:
-        local_xy, yaw, bottom, speed = self._block_state()
-        forces = self._finger_forces()
-        arm_q = self.agent.robot.get_qpos()
-        opening = self.arm.opening_from_qpos(arm_q)
-        top = geometry.PLATE_TOP_Z
-        own_dist = torch.linalg.norm(local_xy - self._cell_xy.unsqueeze(0), dim=-1)  # (b, 3)
-        touched = (forces > CONTACT_EPS_N).any(dim=-1)
-        matched, deep, released, settled = success_conditions(own_dist, bottom, speed, touched, opening, self.clearance)
-        ok = matched & deep & released & settled
+        local_p, local_rot, rot, poses = self._block_state()
+        local_xy = local_p[..., :2]
         active = self._active.to(self.device)
         target = self._target_mask.to(self.device)
+        top = geometry.PLATE_TOP_Z
+        own_dist = torch.linalg.norm(local_xy - self._cell_xy.unsqueeze(0), dim=-1)  # (b, 3)
+        face_z = torch.einsum("bkj,kvj->bkv", local_rot[..., 2, :], self._bottom_faces) + local_p[..., 2:3]
+        lowest = torch.einsum("bkj,kvj->bkv", local_rot[..., 2, :], self._prism_vertices).amin(-1) + local_p[..., 2]
+        tilt_cos = local_rot[..., 2, 2]
+        touched = self._sub_touched
+        matched, deep, released, settled = success_conditions(
+            own_dist, face_z.amax(-1), tilt_cos, self._upright_cos, self._sub_speed, touched,
+            self._sub_opening, self.clearance)
+        ok = matched & deep & released & settled
         success_now = torch.where(target, ok, torch.ones_like(ok)).all(dim=1) & target.any(dim=1)
 
         # which hole footprint each block centre is over
@@ -487,20 +703,26 @@ class ShapeAssemblyEnv(BaseEnv):
         over_own = (in_hole & eye).any(-1)
         half = torch.tensor([geometry.CELL_SIZE / 2, 1.5 * geometry.CELL_SIZE], device=self.device)
         over_board = (local_xy.abs() < half).all(-1)
-        wrong_hole = (active & deep & over_other).any(1)
-        # penetration: inside the plate's slab where there is no opening, or outline through a wall, or under the table
-        in_slab = (bottom < top - PENETRATION_TOL_M) & (bottom > top - geometry.PLATE_THICKNESS - geometry.BLOCK_HEIGHT)
+        through = face_z.amax(-1) <= top - DEEP_M  # the whole bottom face is through the plate
+        wrong_hole = (active & through & over_other).any(1)
+        # penetration: more than the tolerance inside a plate piece or rail (exact convex overlap), through
+        # the plate where there is no hole, or under the table
         solid = over_board & ~in_hole.any(-1)
-        outline_out = torch.zeros_like(in_slab)
-        for k in range(3):
-            c, s = torch.cos(yaw[:, k]), torch.sin(yaw[:, k])
-            rot = torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)  # (b, 2, 2)
-            pts = torch.einsum("bij,vj->bvi", rot, self._outlines[k]) + local_xy[:, k:k + 1, :]
-            outline_out[:, k] = ~self._in_polygon(pts, k, PENETRATION_TOL_M).all(-1)
-        penetration = (active & ((in_slab & (solid | (over_own & outline_out))) | (bottom < -0.005))).any(1)
+        plate_overlap = self._plate_overlap(local_p, local_rot, active)
+        penetration = (active & ((plate_overlap > PENETRATION_TOL_M) | (through & solid)
+                                 | (lowest < -TABLE_PENETRATION_M))).any(1)
+        # glitch: a block that nothing but the board and table touched gained mechanical energy
+        energy = self._block_energy(poses, rot)
+        fired_now = (self._dist_step == self._steps_done).unsqueeze(1)
+        untouched = ~self._sub_bumped & ~fired_now & active
+        ref = torch.where(untouched & torch.isfinite(self._energy_ref), torch.minimum(self._energy_ref, energy), energy)
+        gain = torch.where(untouched, energy - ref, torch.zeros_like(energy))
+        glitch = (gain > GLITCH_ENERGY_J).any(1)
+        self._energy_ref = torch.where(untouched, ref, torch.full_like(ref, float("inf")))
         # dropped: a carried block loses both fingers for a few steps while the gripper is commanded closed
+        forces = self._sub_force
         grasped = (forces > GRASP_FORCE_N).all(-1)
-        lifted = bottom > 0.01
+        lifted = lowest > 0.01
         self._carried |= grasped & lifted & active
         # the policy commanded a closed gripper and no disturbance forced it open (F04 releases are not drops)
         holding = ((self._last_gripper_cmd < 0) & ~self._forced_now).unsqueeze(1)
@@ -510,13 +732,15 @@ class ShapeAssemblyEnv(BaseEnv):
         fell = self._carried & (self._untouched_steps >= DROP_CONFIRM_STEPS) & ~deep
         dropped_now = (fell & self._lost_while_holding & ~(over_own & matched)).any(1)
         self._carried &= ~fell
-        rim = (target & ~deep & released & settled & over_board & (bottom > top - DEEP_M)).any(1)
+        rim = (target & ~deep & released & settled & over_board).any(1)
         inserted = (active & matched & deep).sum(1)
         return dict(
             success_now=success_now, matched=(matched | ~target).all(1), deep=(deep | ~target).all(1),
             released=(released | ~target).all(1), settled=(settled | ~target).all(1),
-            wrong_hole=wrong_hole, penetration=penetration, dropped=dropped_now, rim=rim,
+            wrong_hole=wrong_hole, penetration=penetration, glitch=glitch, dropped=dropped_now, rim=rim,
             is_grasped=(grasped & target).any(1), blocks_inserted=inserted,
+            # the margins of penetration and glitch, for records: deepest plate overlap (m), energy gained (J)
+            plate_overlap=plate_overlap.amax(1), free_energy_gain=gain.amax(1),
         )
 
     # --------------------------------------------------------------- stepping
@@ -540,6 +764,7 @@ class ShapeAssemblyEnv(BaseEnv):
 
     def _after_control_step(self):
         super()._after_control_step()
+        self._close_substep_window()
         self._steps_done += 1
         self._disturb()
         cond = self._compute_conditions()
@@ -604,14 +829,19 @@ class ShapeAssemblyEnv(BaseEnv):
         cond = self._conditions
         if cond is None:  # right after reset: nothing has been simulated yet
             f = torch.zeros(n, dtype=torch.bool, device=self.device)
-            cond = dict(matched=f, deep=f, released=f, settled=f, rim=f, is_grasped=f,
-                        blocks_inserted=torch.zeros(n, dtype=torch.int64, device=self.device))
-        out = {k: cond[k] for k in ("matched", "deep", "released", "settled", "rim", "is_grasped", "blocks_inserted")}
+            zero = torch.zeros(n, device=self.device)
+            cond = dict(matched=f, deep=f, released=f, settled=f, rim=f, is_grasped=f, plate_overlap=zero,
+                        free_energy_gain=zero, blocks_inserted=torch.zeros(n, dtype=torch.int64, device=self.device))
+        out = {k: cond[k] for k in ("matched", "deep", "released", "settled", "rim", "is_grasped", "blocks_inserted",
+                                    "plate_overlap", "free_energy_gain")}
         out.update({k: v.clone() for k, v in self._flags.items()})
         out["success_streak"] = self._streak.clone()
         out["disturbance_fired"] = self._dist_fired.clone()
         out["disturbance_step"] = self._dist_step.clone()
-        out["success"] = self._streak >= SUCCESS_HOLD_STEPS
+        vetoed = torch.stack([self._flags[k] for k in VETO_FLAGS]).any(0)
+        out["success_raw"] = self._streak >= SUCCESS_HOLD_STEPS  # the predicate's verdict
+        out["success"] = out["success_raw"] & ~vetoed  # the scored one: a vetoing flag at any step overrides it
+        out["fail"] = out["success_raw"] & vetoed  # a vetoed success ends the try: it can never count
         return out
 
     # -------------------------------------------------------------- observation

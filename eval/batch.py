@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from env.predicate import MARGIN_KEYS, STICKY_FLAGS
 from eval.policies.base import Policy, check_action
 
 SIMS = ("cpu", "gpu")
@@ -135,8 +136,8 @@ class SceneBatch:
         self.envs = []
 
 
-INFO_KEYS = ("success", "wrong_hole", "penetration", "dropped", "rim", "blocks_inserted", "disturbance_fired",
-             "disturbance_step")
+INFO_KEYS = ("success", "success_raw", *STICKY_FLAGS, "rim", "blocks_inserted", "disturbance_fired",
+             "disturbance_step", *MARGIN_KEYS)
 
 
 def _numpy(x) -> np.ndarray:
@@ -199,6 +200,7 @@ def run_batch(scenes: SceneBatch, members: Sequence[Policy], setup_id: str, spli
     live[k:] = False  # spare scenes step on hold actions and are never queried
     steps = np.zeros(n, dtype=int)
     flags: list[set[str]] = [set() for _ in range(n)]
+    margins = [dict.fromkeys(MARGIN_KEYS, 0.0) for _ in range(n)]
     finals: dict[int, dict[str, Any]] = {}  # a scene's info at the step its try ended
     share = [dict.fromkeys(STAGES, 0.0) for _ in range(n)]
     wall_end = np.zeros(n)
@@ -236,9 +238,11 @@ def run_batch(scenes: SceneBatch, members: Sequence[Policy], setup_id: str, spli
             for name, ms in this.items():
                 share[i][name] += ms / len(idx)
             steps[i] += 1
-            for name in ("wrong_hole", "penetration", "dropped"):
+            for name in STICKY_FLAGS:
                 if bool(info[name][i]):
                     flags[i].add(name)
+            for name in MARGIN_KEYS:
+                margins[i][name] = max(margins[i][name], float(info[name][i]))
         ended = idx[np.array([bool(info["success"][i]) or bool(info["done"][i]) for i in idx], dtype=bool)]
         live[ended] = False
         wall_end[ended] = time.monotonic() - t_start
@@ -247,12 +251,13 @@ def run_batch(scenes: SceneBatch, members: Sequence[Policy], setup_id: str, spli
     records = []
     for i, t in enumerate(try_indices):
         f = finals[i]
-        success = bool(f["success"])
-        if bool(f["rim"]) and not success:
+        success, success_raw = bool(f["success"]), bool(f["success_raw"])
+        if bool(f["rim"]) and not success_raw:
             flags[i].add("rim")
         fired = bool(f["disturbance_fired"])
         m = members[i]
-        rec = try_record(setup_id, t, seeds[i], split, starts[i], tasklist, m, success=success, flags=flags[i],
+        rec = try_record(setup_id, t, seeds[i], split, starts[i], tasklist, m, success=success,
+                         success_raw=success_raw, flags=flags[i], margins=margins[i],
                          steps=int(steps[i]), blocks_inserted=int(f["blocks_inserted"]),
                          disturbance_step=int(f["disturbance_step"]) if fired else None, wall_s=float(wall_end[i]),
                          latencies_ms=[], warmup_ms=[], step_ms=share[i])

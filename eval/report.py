@@ -39,6 +39,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from env.predicate import VETO_FLAGS
 from env.setups import DIFFICULTIES, FULL_BOARD_IDS, GROUPS, SCORED_IDS, SETUPS, difficulty_of, group_of
 from eval.stats import (
     outcomes_from_records,
@@ -61,7 +62,7 @@ __all__ = [
     "main",
 ]
 
-FLAG_NAMES = ("wrong_hole", "rim", "penetration", "dropped", "sim_hang", "actor_died")
+FLAG_NAMES = ("wrong_hole", "rim", "penetration", "glitch", "dropped", "sim_hang", "actor_died")
 REQUIRED_FIELDS = ("setup", "try", "success")
 N_WEAKEST = 3
 RANKED_TRACKS = {"frozen": "yes", "reference": "no", "sanity": "no", "adapted": "no"}
@@ -143,6 +144,19 @@ def _common(records: Sequence[Mapping], key: str, warnings: list[str]) -> Any:
     shown = ", ".join(_json_key(v) if isinstance(v, (dict, list)) else str(v) for v in vals[:5])
     warnings.append(f"records carry {len(vals)} different values of '{key}': {shown}")
     return vals
+
+
+def predicate_of(records: Sequence[Mapping]) -> int:
+    """The success predicate version of a model's records (records without the field are v1)."""
+    versions = sorted({int(r.get("predicate", 1)) for r in records})
+    if len(versions) > 1:
+        raise ReportError("records were scored with several success predicates (" +
+                          ", ".join(f"v{v}" for v in versions) + "); rerun the older tries")
+    return versions[0]
+
+
+def _truthy_field(rec: Mapping, key: str) -> bool:
+    return rec.get(key) is True
 
 
 def _flags_of(rec: Mapping) -> set[str]:
@@ -289,6 +303,9 @@ def build_summary(records: Iterable[Mapping], *, model: str | None = None,
 
     sec = secondary(scored)
     sec["recovery_recorded"] = any("disturbance_fired" in r for r in scored)
+    predicate = predicate_of(records)
+    vetoed = [r for r in scored if _truthy_field(r, "success_raw") and not bool(r["success"])]
+    vetoes = {f: sum(f in _flags_of(r) for r in vetoed) for f in VETO_FLAGS}
 
     summary = {
         "model": name,
@@ -300,6 +317,9 @@ def build_summary(records: Iterable[Mapping], *, model: str | None = None,
         "backend": meta["backend"],
         "weights_sha256": meta["weights_sha256"],
         "note": meta["note"],
+        "predicate": predicate,
+        # tries where the predicate held but a flag vetoed the success (v2 records say so; v1 did not veto)
+        "vetoed": {"n": len(vetoed), "flags": {f: c for f, c in vetoes.items() if c}} if predicate >= 2 else None,
         "n_tries": len(scored),
         "complete": sd["complete"],
         "missing": sd["missing"],
@@ -500,6 +520,22 @@ def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | 
     else:
         L.append("Task list sha256: differs between models: " +
                  "; ".join(f"{n} `{_val(s['tasklist_sha256'])}`" for n, s in summaries.items()))
+    L.append("")
+    preds = {n: s.get("predicate", 1) for n, s in summaries.items()}
+    if len(set(preds.values())) == 1:
+        v = next(iter(preds.values()))
+        line = f"Success predicate: v{v} (docs/BENCHMARK.md section 1)"
+        if v >= 2:
+            line += "; a try that raised wrong_hole, penetration or glitch is never a success"
+        L.append(line + ".")
+    else:
+        L.append("**Success predicates differ between models, the numbers are not comparable:** " +
+                 "; ".join(f"{n} v{v}" for n, v in preds.items()))
+    for n, s in summaries.items():
+        if s.get("vetoed") and s["vetoed"]["n"]:
+            fl = ", ".join(f"{f} {c}" for f, c in s["vetoed"]["flags"].items())
+            L.append(f"{n + ': ' if several else ''}{s['vetoed']['n']} tries met the predicate and were vetoed "
+                     f"by a flag ({fl}); they count as failures.")
     L.append("")
     for n, s in summaries.items():
         if s.get("note"):  # e.g. random weights: latency only, success meaningless
@@ -893,7 +929,8 @@ def _csv_rows(name: str, s: dict) -> list[list[Any]]:
 
 
 def write_report(tries_paths: Sequence[str | Path], out_dir: str | Path, *, names: Sequence[str] | None = None,
-                 n_boot: int = 5000, seed: int = 0, extra: Mapping[str, Any] | None = None) -> dict:
+                 n_boot: int = 5000, seed: int = 0, extra: Mapping[str, Any] | None = None,
+                 allow_mixed_predicates: bool = False) -> dict:
     """Write summary.json, per_config.csv, REPORT.md, groups.png and heatmap.png
     into ``out_dir`` for one model per tries file.  Returns what summary.json
     holds.  ``names`` (one per file) override the model names, which else come
@@ -923,6 +960,17 @@ def write_report(tries_paths: Sequence[str | Path], out_dir: str | Path, *, name
                 raise ReportError(f"{p}: records hold several models ({', '.join(models)}); one tries file = one model")
             raw_names.append(models[0] if models else (p.resolve().parent.name or p.stem))
     model_names = _unique_names(raw_names, paths)
+    versions = {}
+    for p, recs in zip(paths, records):
+        try:
+            versions[p] = predicate_of(recs)
+        except ReportError as e:
+            raise ReportError(f"{p}: {e}") from None
+    if len(set(versions.values())) > 1 and not allow_mixed_predicates:
+        raise ReportError("the runs were scored with different success predicates (" +
+                          ", ".join(f"{p}: v{v}" for p, v in versions.items()) +
+                          "); their numbers are not comparable: rerun the older one, or pass "
+                          "--allow-mixed-predicates to put them side by side anyway")
 
     summaries: dict[str, dict] = {}
     sources: dict[str, str] = {}
@@ -993,11 +1041,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "else the file's folder name)")
     ap.add_argument("--n-boot", type=int, default=5000, help="bootstrap redraws (default 5000)")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    ap.add_argument("--allow-mixed-predicates", action="store_true",
+                    help="report runs scored with different success predicate versions side by side "
+                         "(refused by default: their numbers are not comparable)")
     args = ap.parse_args(argv)
     if args.n_boot < 1:
         ap.error("--n-boot must be >= 1")
     try:
-        res = write_report(args.tries, args.out, names=args.name, n_boot=args.n_boot, seed=args.seed)
+        res = write_report(args.tries, args.out, names=args.name, n_boot=args.n_boot, seed=args.seed,
+                           allow_mixed_predicates=args.allow_mixed_predicates)
     except (ReportError, ValueError, OSError) as e:
         msg = " ".join(str(e).split())
         print(f"{ap.prog}: error: {msg}", file=sys.stderr)

@@ -21,8 +21,9 @@ import numpy as np
 
 from env.setups import get_setup
 from env.starts import derive_seed, sample_start
+from env.predicate import MARGIN_KEYS, STICKY_FLAGS, SUCCESS_PREDICATE_VERSION
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # v2: success predicate v2, success_raw beside the scored success
 CONTROL_DT_S = 0.05
 
 
@@ -41,6 +42,7 @@ class RunConfig:
     # of the weights file the model options select, where the model has one: a run resumed after the
     # weights changed would otherwise mix two policies' tries in one file
     weights_sha256: str | None = None
+    predicate: int = SUCCESS_PREDICATE_VERSION  # the success predicate the tries are scored with
 
     def __post_init__(self):
         object.__setattr__(self, "options", tuple(tuple(o) for o in self.options))
@@ -126,6 +128,11 @@ def prepare_out(cfg: RunConfig, fresh: bool = False) -> tuple[Path, set[tuple[st
             p.unlink(missing_ok=True)
     if run_file.exists():
         previous = json.loads(run_file.read_text())
+        old_predicate = previous.get("predicate", 1)  # run folders from before predicate versions are v1
+        if old_predicate != cfg.predicate:
+            raise RunMismatchError(
+                f"{out} holds tries scored with success predicate v{old_predicate}, this release scores "
+                f"v{cfg.predicate} (docs/BENCHMARK.md section 1): use another --out, or --fresh to start over")
         if previous != cfg.identity():
             diff = {k: (previous.get(k), v) for k, v in cfg.identity().items() if previous.get(k) != v}
             raise RunMismatchError(
@@ -243,7 +250,8 @@ def run_try(env, policy, setup_id: str, split: str, try_index: int, tasklist=Non
     policy.warmup_ms = []
     profile = StepProfile(env)
     t0 = time.monotonic()
-    steps, success, rim = 0, False, False
+    steps, success, success_raw, rim = 0, False, False, False
+    margins = dict.fromkeys(MARGIN_KEYS, 0.0)
     flags: set[str] = set()
     blocks_inserted = 0
     video = None
@@ -267,30 +275,33 @@ def run_try(env, policy, setup_id: str, split: str, try_index: int, tasklist=Non
                 sensors = obs["sensor_data"]
                 video.add(sensors["third_person"]["rgb"][0].cpu().numpy(),
                           sensors[u.arm.wrist_camera_uid]["rgb"][0].cpu().numpy(), steps, info)
-            for name in ("wrong_hole", "penetration", "dropped"):
+            for name in STICKY_FLAGS:
                 if bool(info[name][0]):
                     flags.add(name)
+            for name in MARGIN_KEYS:
+                margins[name] = max(margins[name], float(info[name][0]))
             rim = bool(info["rim"][0])
             blocks_inserted = int(info["blocks_inserted"][0])
-            success = bool(info["success"][0])
+            success, success_raw = bool(info["success"][0]), bool(info["success_raw"][0])
             if success or bool(terminated[0]) or bool(truncated[0]):
                 break
     finally:
         profile.close()
     if video is not None:
         video.write()
-    if rim and not success:
+    if rim and not success_raw:
         flags.add("rim")
     fired = bool(info["disturbance_fired"][0])
     return try_record(
-        setup_id, try_index, seed, split, start, tasklist, policy, success=success, flags=flags, steps=steps,
+        setup_id, try_index, seed, split, start, tasklist, policy, success=success, success_raw=success_raw,
+        flags=flags, margins=margins, steps=steps,
         blocks_inserted=blocks_inserted, disturbance_step=int(info["disturbance_step"][0]) if fired else None,
         wall_s=time.monotonic() - t0, latencies_ms=policy.latencies_ms, warmup_ms=policy.warmup_ms,
         step_ms=profile.totals())
 
 
 def try_record(setup_id: str, try_index: int, seed: int, split: str, start, tasklist, policy, *, success: bool,
-               flags: set[str], steps: int, blocks_inserted: int, disturbance_step: int | None, wall_s: float,
+               success_raw: bool, flags: set[str], margins: dict[str, float], steps: int, blocks_inserted: int, disturbance_step: int | None, wall_s: float,
                latencies_ms: list[float], warmup_ms: list[float], step_ms: dict[str, float]) -> dict[str, Any]:
     """The record of one finished try (one line of tries.jsonl)."""
     lat = latencies_ms
@@ -301,8 +312,13 @@ def try_record(setup_id: str, try_index: int, seed: int, split: str, start, task
         "seed": seed,
         "split": split,
         "target": start.target,
-        "success": success,
+        "predicate": SUCCESS_PREDICATE_VERSION,
+        "success": success,  # scored: the predicate held and no vetoing flag was raised
+        "success_raw": success_raw,  # the predicate's own verdict (a vetoed try has True here, False above)
         "flags": sorted(flags),
+        # how close the try came to penetration and glitch: deepest plate overlap, most energy gained untouched
+        "max_plate_overlap_mm": round(margins["plate_overlap"] * 1e3, 3),
+        "max_free_energy_gain_mj": round(margins["free_energy_gain"] * 1e3, 3),
         "dropped": "dropped" in flags,
         "steps": steps,
         "time_s": round(steps * CONTROL_DT_S, 3),
@@ -330,7 +346,8 @@ def hang_record(cfg: RunConfig, tasklist, setup_id: str, try_index: int, flag: s
     ``actor_died`` (its Ray actor died twice)."""
     return {
         "v": RECORD_VERSION, "setup": setup_id, "try": try_index, "seed": tasklist.seed(setup_id, try_index),
-        "split": cfg.split, "success": False, "flags": [flag], "dropped": False, "steps": None,
+        "split": cfg.split, "predicate": SUCCESS_PREDICATE_VERSION, "success": False, "success_raw": False,
+        "flags": [flag], "dropped": False, "steps": None,
         "time_s": None, "disturbance": get_setup(setup_id).disturbance, "disturbance_fired": False,
         "tasklist_sha256": tasklist.sha256, "machine": machine_info(), "infer_queries": 0, "infer_ms_mean": None,
         "infer_ms": [],

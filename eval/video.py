@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 CONDITIONS = ("matched", "deep", "released", "settled")
-FLAGS = ("wrong_hole", "rim", "penetration", "dropped")
+FLAGS = ("wrong_hole", "rim", "penetration", "glitch", "dropped")
 
 
 class TryVideo:

@@ -165,15 +165,17 @@ def test_block_held_by_the_fingers_inside_the_hole_is_not_success(a01_env):
 
 
 def test_each_condition_failing_alone_blocks_success():
-    ok = dict(own_dist=torch.tensor([[0.001]]), bottom=torch.tensor([[0.0]]), speed=torch.tensor([[0.0]]),
-              touched=torch.tensor([[False]]), opening=torch.tensor([1.0]))
+    ok = dict(own_dist=torch.tensor([[0.001]]), bottom_face_top=torch.tensor([[0.0]]), tilt_cos=torch.tensor([[1.0]]),
+              upright_cos=torch.tensor([0.97]), point_speed=torch.tensor([[0.0]]), touched=torch.tensor([[False]]),
+              opening=torch.tensor([1.0]))
     assert all(bool(c) for c in success_conditions(**ok, clearance=0.002))
     broken = {
         "own_dist": torch.tensor([[0.0051]]),  # clearance + 3 mm is the limit
-        "bottom": torch.tensor([[geometry.PLATE_TOP_Z - 0.0249]]),
+        "bottom_face_top": torch.tensor([[geometry.PLATE_TOP_Z - 0.0249]]),
+        "tilt_cos": torch.tensor([[0.96]]),  # tilted beyond the upright bound
         "touched": torch.tensor([[True]]),
         "opening": torch.tensor([0.85]),
-        "speed": torch.tensor([[0.021]]),
+        "point_speed": torch.tensor([[0.021]]),
     }
     for name, value in broken.items():
         conds = success_conditions(**{**ok, name: value}, clearance=0.002)
