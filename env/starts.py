@@ -12,6 +12,9 @@ cells along +y; blocks start between the robot and the board.
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -27,7 +30,7 @@ FAR_REACH_RADIUS_M = (0.68, 0.74)  # distance from the robot base for B05
 FAR_REACH_ANGLE_DEG = (25.0, 35.0)  # off the board's axis, either side
 MIN_GAP_M = 0.005  # smallest gap between start footprints
 PACKED_GAP_M = 0.0005  # packed blocks (C05) start this close: touching, not overlapping
-DISTRACTOR_KINDS = ("cube", "hexagon", "bar")  # none fits any hole (see env.geometry.distractor_outline)
+DISTRACTOR_KINDS = ("cube", "hexagon", "bar")  # none passes any hole in any orientation (geometry.distractor_fit_margin)
 DISTRACTOR_SLOT_Y = (-0.20, 0.20, 0.0)  # nominal y of distractors, beside and behind the blocks
 DISTRACTOR_X = (-0.12, -0.12, -0.30)
 PART_NAMES = ("circle", "square", "triangle", "board", "table")
@@ -107,6 +110,28 @@ def derive_seed(split: str, setup_id: str, try_index: int) -> int:
     return _SPLIT_SEED_BASE[split] + setup_code * 100_000 + try_index
 
 
+def _norm(v) -> float:
+    """Euclidean norm of a short vector in plain float arithmetic, summed left to right.
+
+    ``np.linalg.norm`` of a 1-D array goes through BLAS ``dot``, whose kernel OpenBLAS picks per CPU:
+    the last bit of a start then depends on the machine, and the locked task list did not verify on
+    an AVX-512 CPU. Python floats never fuse a multiply-add, so this gives the same bits everywhere
+    (and the bits the locked v1 lists were made with).
+    """
+    total = 0.0
+    for x in v:
+        total += float(x) * float(x)
+    return math.sqrt(total)
+
+
+def _fma(a: float, b: float, c: float) -> float:
+    """a * b + c rounded once (IEEE fused multiply-add), in exact rational arithmetic where Python has
+    no math.fma (before 3.13)."""
+    if hasattr(math, "fma"):
+        return math.fma(a, b, c)
+    return float(Fraction(a) * Fraction(b) + Fraction(c))
+
+
 def _footprint_radius(shape: str) -> float:
     return float(np.max(np.linalg.norm(geometry.block_outline(shape), axis=1)))
 
@@ -122,7 +147,7 @@ def _board_clear_of(board_xy, board_yaw, xy, radius) -> bool:
     local = np.array([c * d[0] - s * d[1], s * d[0] + c * d[1]])
     half = np.array([geometry.CELL_SIZE / 2, 1.5 * geometry.CELL_SIZE])
     outside = np.maximum(np.abs(local) - half, 0.0)
-    return float(np.linalg.norm(outside)) > radius + MIN_GAP_M
+    return _norm(outside) > radius + MIN_GAP_M
 
 
 def _draw_yaw(rng: np.random.Generator, setup: Setup) -> float:
@@ -130,9 +155,11 @@ def _draw_yaw(rng: np.random.Generator, setup: Setup) -> float:
 
 
 def _y_extent(shape: str, yaw: float) -> tuple[float, float]:
-    c, s = np.cos(yaw), np.sin(yaw)
-    y = geometry.block_outline(shape) @ np.array([s, c])
-    return float(y.min()), float(y.max())
+    c, s = float(np.cos(yaw)), float(np.sin(yaw))
+    # x s + y c per vertex as one fused multiply-add, rounded once: the bits of the BLAS kernel the locked
+    # v1 lists were made with, on every CPU (a BLAS product picks its kernel, fused or not, per CPU)
+    y = [_fma(float(vx), s, float(vy) * c) for vx, vy in geometry.block_outline(shape)]
+    return min(y), max(y)
 
 
 def _draw_blocks(setup: Setup, rng: np.random.Generator, active: list[str]) -> list[BlockStart]:
@@ -192,7 +219,7 @@ def _draw_appearance(setup: Setup, rng: np.random.Generator) -> dict:
     cam = (0.0,) * 5
     if setup.camera_shift_m or setup.camera_shift_deg:
         d = rng.normal(size=3)
-        d = d / np.linalg.norm(d) * setup.camera_shift_m
+        d = d / _norm(d) * setup.camera_shift_m
         ang = np.deg2rad(setup.camera_shift_deg) * _unit(rng)
         cam = (float(d[0]), float(d[1]), float(d[2]), float(ang[0]), float(ang[1]))
     return dict(colors=colors, light_color=light, camera_offset=cam)
