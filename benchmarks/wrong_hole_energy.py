@@ -51,6 +51,7 @@ def potential_energy(actor) -> float:
 def drop_over_hole(env, block: str, hole: str, yaw: float, steps: int = STEPS, depenetration_mps: float | None = None):
     """(largest energy gain J, largest kinetic energy J, thrown off the cell, flags) of one drop.
 
+    Every drop runs in a freshly built scene (PhysX's contact caches would carry one drop into the next).
     ``depenetration_mps`` replaces the block's depenetration cap for this drop (PhysX's own default,
     unbounded, is 1e32): the sweep without the cap shows what the cap removes."""
     import torch
@@ -63,7 +64,7 @@ def drop_over_hole(env, block: str, hole: str, yaw: float, steps: int = STEPS, d
     board_xy = (0.03, 0.0)
     start = StartState(target=block, blocks=(BlockStart(block, -0.18, 0.0, 0.0),),
                        board_x=board_xy[0], board_y=board_xy[1], board_yaw=0.0)
-    env.reset(seed=0, options={"start": start})
+    env.reset(seed=0, options={"start": start, "reconfigure": True})  # a fresh scene: no contact caches carried over
     actor = env.unwrapped.blocks[block]
     if depenetration_mps is not None:
         import sapien

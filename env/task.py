@@ -463,9 +463,11 @@ class ShapeAssemblyEnv(BaseEnv):
             self._forced_now = z()
             self._pending = torch.zeros((self.task_setup.latency_steps, n, 7), device=self.device)
             self._energy_ref = torch.full((n, 3), float("inf"), device=self.device)
+            self._energy_start = torch.full((n, 3), float("inf"), device=self.device)
             self._new_substep_window()
         self._streak[env_idx] = 0
         self._energy_ref[env_idx] = float("inf")
+        self._energy_start[env_idx] = float("inf")
         for f in self._flags.values():
             f[env_idx] = False
         self._carried[env_idx] = False
@@ -547,6 +549,10 @@ class ShapeAssemblyEnv(BaseEnv):
     def _before_control_step(self):
         super()._before_control_step()
         self._new_substep_window()
+        if not torch.isfinite(self._energy_start).all():  # the first step after a reset: the start's energy
+            local_p, local_rot, rot, poses = self._block_state()
+            self._energy_start = torch.where(torch.isfinite(self._energy_start), self._energy_start,
+                                             self._block_energy(poses, rot))
 
     def _after_simulation_step(self):
         """After every physics substep: finger touches, other bodies' touches, gripper opening and the
@@ -711,14 +717,16 @@ class ShapeAssemblyEnv(BaseEnv):
         plate_overlap = self._plate_overlap(local_p, local_rot, active)
         penetration = (active & ((plate_overlap > PENETRATION_TOL_M) | (through & solid)
                                  | (lowest < -TABLE_PENETRATION_M))).any(1)
-        # glitch: a block that nothing but the board and table touched gained mechanical energy
+        # glitch: a block that nothing but the board and table touched during this step gained mechanical
+        # energy over the least it had since its last touch, the energy it started the step with included
         energy = self._block_energy(poses, rot)
         fired_now = (self._dist_step == self._steps_done).unsqueeze(1)
         untouched = ~self._sub_bumped & ~fired_now & active
-        ref = torch.where(untouched & torch.isfinite(self._energy_ref), torch.minimum(self._energy_ref, energy), energy)
+        ref = torch.minimum(self._energy_ref, self._energy_start)
         gain = torch.where(untouched, energy - ref, torch.zeros_like(energy))
         glitch = (gain > GLITCH_ENERGY_J).any(1)
-        self._energy_ref = torch.where(untouched, ref, torch.full_like(ref, float("inf")))
+        self._energy_ref = torch.where(untouched, torch.minimum(ref, energy), torch.full_like(ref, float("inf")))
+        self._energy_start = energy
         # dropped: a carried block loses both fingers for a few steps while the gripper is commanded closed
         forces = self._sub_force
         grasped = (forces > GRASP_FORCE_N).all(-1)

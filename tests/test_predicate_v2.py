@@ -310,6 +310,22 @@ def test_wrong_hole_drops_gain_no_energy(setup):
         e.close()
 
 
+def test_energy_from_the_solver_is_flagged_glitch():
+    """Without the depenetration cap (PhysX's default), a circle dropped over the square hole at 315 deg
+    at 3 mm gains about 17 mJ from the solver within its first step: the try is flagged glitch."""
+    from benchmarks.wrong_hole_energy import PHYSX_DEFAULT_DEPENETRATION_MPS, drop_over_hole
+
+    e = make_env("A02", obs_mode="state")
+    try:
+        gain, _, _, flags = drop_over_hole(e, "circle", "square", math.radians(315.0),
+                                           depenetration_mps=PHYSX_DEFAULT_DEPENETRATION_MPS)
+        assert gain > GLITCH_ENERGY_J and "glitch" in flags
+        gain, _, _, flags = drop_over_hole(e, "circle", "square", math.radians(315.0))  # the cap: no gain
+        assert gain < GLITCH_ENERGY_J and "glitch" not in flags
+    finally:
+        e.close()
+
+
 # ------------------------------------------------------------------ distractors
 @pytest.mark.parametrize("kind", sorted(geometry.DISTRACTOR_HEIGHT))
 def test_distractors_pass_no_hole_in_any_orientation(kind):
