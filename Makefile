@@ -10,18 +10,20 @@ PY := $(if $(strip $(PYTHON)),$(PYTHON),$(CURDIR)/.venv/bin/python)
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test demo engines
+.PHONY: help setup test demo engines lock
 
 help:
 	@echo "Targets:"
 	@echo "  make setup   idempotent setup: .venv/ (or PYTHON=...), Mesa lavapipe (root), torch if missing, pip install -e .[sim,export,jax,ray,dev]"
 	@echo "  make test    setup, then $(PY) -m pytest -q"
-	@echo "  make demo    setup, then the scripted reference on 3 A01 tries (dev split) -> runs/demo"
+	@echo "  make demo    setup, the bc-state engine, then eval.orin on 2 dev tries of A01 and B01 -> runs/demo"
+	@echo "  make lock    pin the installed versions into requirements/lock.txt (after make test passed)"
 	@echo "  make engines setup, then ONNX exports and (with a GPU and TensorRT) engines -> build/engines"
 	@echo "Variables:"
 	@echo "  PYTHON=/usr/bin/python3   install into / run with this interpreter instead of .venv/"
 	@echo "  PYTEST_ARGS='-k foo'      extra pytest arguments for make test"
 	@echo "  SKIP_APT=1                skip the apt step of setup"
+	@echo "  UNLOCKED=1                make setup installs without requirements/lock.txt (upgrading; Jetson)"
 
 setup:
 	@PYTHON="$(PYTHON)" bash scripts/setup.sh
@@ -33,8 +35,15 @@ test: setup
 	if [ -n "$${PYTEST_RC_FILE:-}" ]; then echo $$rc > "$$PYTEST_RC_FILE"; fi; \
 	exit $$rc
 
+# the mission's command on the embedded default: the bc-state engine (ONNX; TensorRT where a GPU and
+# TensorRT exist), then the device loop on 2 dev tries of two setups, with latency per query
 demo: setup
-	$(PY) -m eval.run --model scripted --split dev --setups A01 --tries 3 --out runs/demo
+	$(PY) -m engines.build --models bc-state
+	$(PY) -m eval.orin --model bc-state --split dev --setups A01,B01 --tries 2 --out runs/demo --fresh
+
+# pin what is installed now into requirements/lock.txt (run after make test passed)
+lock:
+	@PY="$(PY)" bash scripts/lock.sh
 
 engines: setup
 	$(PY) -m engines.build

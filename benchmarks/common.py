@@ -20,6 +20,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "results" / "benchmarks"
+QUICK_DIR = ROOT / "runs" / "benchmarks"  # --quick dry runs: their numbers mean nothing, so never under results/
 SCHEMA = "shape-assembly-bench/benchmark/1"
 
 
@@ -58,7 +59,8 @@ def parser(module: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
     p.add_argument("--quick", action="store_true", help="a dry run of a few seconds to check the benchmark "
                    "works; its numbers mean nothing")
-    p.add_argument("--out-dir", default=str(RESULTS_DIR), help=f"where the JSON goes (default {RESULTS_DIR})")
+    p.add_argument("--out-dir", default=None, help=f"where the JSON goes (default {RESULTS_DIR}; with --quick "
+                   f"{QUICK_DIR}, and never under results/)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
@@ -102,11 +104,15 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
     Console(width=None if sys.stdout.isatty() else 160).print(table)  # piped: not rich's 80 columns
 
 
-def write_result(name: str, out_dir: str | Path, module: str, argv: Sequence[str] | None, quick: bool,
+def write_result(name: str, out_dir: str | Path | None, module: str, argv: Sequence[str] | None, quick: bool,
                  results: dict[str, Any], mach: dict[str, Any]) -> Path:
-    """results/benchmarks/<name>.json (``<name>.quick.json`` for a dry run, so it never overwrites a real
-    result) with the machine, the load average at start and end, and the reproducing command."""
-    out = Path(out_dir)
+    """results/benchmarks/<name>.json, or runs/benchmarks/<name>.quick.json for a dry run (never under
+    results/, where committed results live), with the machine, the load average at start and end, and the
+    reproducing command."""
+    out = Path(out_dir) if out_dir is not None else (QUICK_DIR if quick else RESULTS_DIR)
+    if quick and (ROOT / "results") in (out.resolve(), *out.resolve().parents):
+        raise BenchmarkError(f"--quick results mean nothing and never go under {ROOT / 'results'}: "
+                             f"pass another --out-dir (default {QUICK_DIR})")
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}{'.quick' if quick else ''}.json"
     doc = {

@@ -93,14 +93,15 @@ def drop_over_hole(env, block: str, hole: str, yaw: float, steps: int = STEPS, d
 
 def _main(argv: Sequence[str] | None) -> int:
     from benchmarks.common import machine, parser, print_table, progress, write_result
-    from env import geometry, make_env
-    from env.predicate import GLITCH_ENERGY_J
-    from env.task import MAX_DEPENETRATION_MPS
 
     ap = parser(MODULE, __doc__.split("\n\n")[0])
     ap.add_argument("--without-cap", action="store_true",
                     help="also sweep with PhysX's unbounded default depenetration speed (v1's physics), same drops")
     args = ap.parse_args(argv)
+    from env import geometry, make_env  # after parsing: --help answers without loading the simulator
+    from env.predicate import GLITCH_ENERGY_J
+    from env.task import MAX_DEPENETRATION_MPS
+
     mach = machine()
     setups = SETUPS[:1] if args.quick else SETUPS
     yaws = YAWS_DEG[::6] if args.quick else YAWS_DEG

@@ -87,7 +87,13 @@ def load(path: str | Path = DEFAULT_WEIGHTS):
         raise BadCheckpointError(f"bc-state weights {path} are corrupt or not safetensors ({e})") from None
     if meta.get("format") != FORMAT:
         raise BadCheckpointError(f"{path} is not a bc-state checkpoint (format {meta.get('format')!r}, expected {FORMAT!r})")
-    cfg_dict = json.loads(meta["config"])
+    try:
+        cfg_dict = json.loads(meta["config"])
+    except KeyError:
+        raise BadCheckpointError(f"{path} has no 'config' metadata (it records the network's shape): save "
+                                 f"checkpoints with eval.train_bc") from None
+    except ValueError as e:
+        raise BadCheckpointError(f"{path}: its 'config' metadata is not JSON ({e})") from None
     try:
         config = BCConfig(**{**cfg_dict, "hidden": tuple(cfg_dict["hidden"]),
                              "fine": tuple(tuple(f) for f in cfg_dict["fine"])})

@@ -1,17 +1,30 @@
 """The shape-assembly task on ManiSkill 3: geometry, setups, starts, arms and the env.
 
-Importing this package registers ``ShapeAssembly-v1`` with gymnasium.
+Importing :mod:`env.task` (which :func:`make_env`, ``env.ENV_ID`` and ``env.ShapeAssemblyEnv`` do)
+registers ``ShapeAssembly-v1`` with gymnasium. The package itself imports no simulator, so command-line
+tools answer ``--help`` and argument errors without loading SAPIEN, ManiSkill or torch.
 """
 
 from __future__ import annotations
 
 from env.setups import SETUPS, get_setup  # noqa: F401
-from env.task import ENV_ID, ShapeAssemblyEnv  # noqa: F401  (registers the env)
+
+_FROM_TASK = ("ENV_ID", "ShapeAssemblyEnv")
+
+
+def __getattr__(name: str):
+    if name in _FROM_TASK:
+        from env import task  # registers the env
+
+        return getattr(task, name)
+    raise AttributeError(f"module 'env' has no attribute {name!r}")
 
 
 def make_env(setup: str = "A01", arm: str = "panda", obs_mode: str = "state", render_mode: str | None = None, **kwargs):
     """Make one ShapeAssembly-v1 scene with the setup's episode length."""
     import gymnasium as gym
+
+    from env.task import ENV_ID  # registers the env
 
     s = get_setup(setup)
     return gym.make(ENV_ID, setup=s.id, arm=arm, obs_mode=obs_mode, render_mode=render_mode,

@@ -12,14 +12,11 @@ cells along +y; blocks start between the robot and the board.
 
 from __future__ import annotations
 
-import math
-from fractions import Fraction
-
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from env import geometry
+from env import exact, geometry
 from env.setups import Setup
 
 ROBOT_BASE_XY = (-0.615, 0.0)
@@ -110,28 +107,6 @@ def derive_seed(split: str, setup_id: str, try_index: int) -> int:
     return _SPLIT_SEED_BASE[split] + setup_code * 100_000 + try_index
 
 
-def _norm(v) -> float:
-    """Euclidean norm of a short vector in plain float arithmetic, summed left to right.
-
-    ``np.linalg.norm`` of a 1-D array goes through BLAS ``dot``, whose kernel OpenBLAS picks per CPU:
-    the last bit of a start then depends on the machine, and the locked task list did not verify on
-    an AVX-512 CPU. Python floats never fuse a multiply-add, so this gives the same bits everywhere
-    (and the bits the locked v1 lists were made with).
-    """
-    total = 0.0
-    for x in v:
-        total += float(x) * float(x)
-    return math.sqrt(total)
-
-
-def _fma(a: float, b: float, c: float) -> float:
-    """a * b + c rounded once (IEEE fused multiply-add), in exact rational arithmetic where Python has
-    no math.fma (before 3.13)."""
-    if hasattr(math, "fma"):
-        return math.fma(a, b, c)
-    return float(Fraction(a) * Fraction(b) + Fraction(c))
-
-
 def _footprint_radius(shape: str) -> float:
     return float(np.max(np.linalg.norm(geometry.block_outline(shape), axis=1)))
 
@@ -147,7 +122,7 @@ def _board_clear_of(board_xy, board_yaw, xy, radius) -> bool:
     local = np.array([c * d[0] - s * d[1], s * d[0] + c * d[1]])
     half = np.array([geometry.CELL_SIZE / 2, 1.5 * geometry.CELL_SIZE])
     outside = np.maximum(np.abs(local) - half, 0.0)
-    return _norm(outside) > radius + MIN_GAP_M
+    return exact.norm(outside) > radius + MIN_GAP_M
 
 
 def _draw_yaw(rng: np.random.Generator, setup: Setup) -> float:
@@ -158,7 +133,7 @@ def _y_extent(shape: str, yaw: float) -> tuple[float, float]:
     c, s = float(np.cos(yaw)), float(np.sin(yaw))
     # x s + y c per vertex as one fused multiply-add, rounded once: the bits of the BLAS kernel the locked
     # v1 lists were made with, on every CPU (a BLAS product picks its kernel, fused or not, per CPU)
-    y = [_fma(float(vx), s, float(vy) * c) for vx, vy in geometry.block_outline(shape)]
+    y = [exact.fma(float(vx), s, float(vy) * c) for vx, vy in geometry.block_outline(shape)]
     return min(y), max(y)
 
 
@@ -219,7 +194,7 @@ def _draw_appearance(setup: Setup, rng: np.random.Generator) -> dict:
     cam = (0.0,) * 5
     if setup.camera_shift_m or setup.camera_shift_deg:
         d = rng.normal(size=3)
-        d = d / _norm(d) * setup.camera_shift_m
+        d = d / exact.norm(d) * setup.camera_shift_m
         ang = np.deg2rad(setup.camera_shift_deg) * _unit(rng)
         cam = (float(d[0]), float(d[1]), float(d[2]), float(ang[0]), float(ang[1]))
     return dict(colors=colors, light_color=light, camera_offset=cam)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from env.predicate import MARGIN_KEYS, STICKY_FLAGS
-from eval.policies.base import Policy, check_action
+from eval.policies.base import ACTION_BOUND, Policy, check_action
 
 SIMS = ("cpu", "gpu")
 BATCH_RECORD_VERSION = 1
@@ -199,6 +199,7 @@ def run_batch(scenes: SceneBatch, members: Sequence[Policy], setup_id: str, spli
     live = np.ones(n, dtype=bool)
     live[k:] = False  # spare scenes step on hold actions and are never queried
     steps = np.zeros(n, dtype=int)
+    clipped = np.zeros(n, dtype=int)
     flags: list[set[str]] = [set() for _ in range(n)]
     margins = [dict.fromkeys(MARGIN_KEYS, 0.0) for _ in range(n)]
     finals: dict[int, dict[str, Any]] = {}  # a scene's info at the step its try ended
@@ -214,15 +215,18 @@ def run_batch(scenes: SceneBatch, members: Sequence[Policy], setup_id: str, spli
         t0 = time.perf_counter()
         states = scenes.states(idx)
         t1 = time.perf_counter()
+        if on_step is not None:
+            on_step("policy")
         actions, stage = query_batch([members[i] for i in idx], [{"state": st, "instruction": scenes.instructions[i]}
                                                                   for i, st in zip(idx, states)])
         t2 = time.perf_counter()
         full = np.tile(hold, (n, 1))
         full[idx] = actions
+        clipped[idx] += np.any(np.abs(actions) > ACTION_BOUND, axis=1)
+        if on_step is not None:
+            on_step("sim")
         info = scenes.step(full, live)
         t3 = time.perf_counter()
-        if on_step is not None:
-            on_step()
         total_steps += 1
         query_ms.append((t2 - t1) * 1e3)
         query_n.append(len(idx))
@@ -260,7 +264,7 @@ def run_batch(scenes: SceneBatch, members: Sequence[Policy], setup_id: str, spli
                          success_raw=success_raw, flags=flags[i], margins=margins[i],
                          steps=int(steps[i]), blocks_inserted=int(f["blocks_inserted"]),
                          disturbance_step=int(f["disturbance_step"]) if fired else None, wall_s=float(wall_end[i]),
-                         latencies_ms=[], warmup_ms=[], step_ms=share[i])
+                         latencies_ms=[], warmup_ms=[], step_ms=share[i], actions_clipped=int(clipped[i]))
         rec["infer_queries"] = int(steps[i])
         rec["num_envs"] = n
         records.append(rec)

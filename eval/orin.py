@@ -78,10 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         rc = eval_run.main(argv, parser=parser)
         t1 = time.monotonic()
-    if rc != 0:
+    if rc not in (0, eval_run.EXIT_HUNG):  # a run with hung tries still gets its device report
         return rc
 
-    from eval.report import write_report
+    from eval.report import ReportError, write_report, write_text_atomic
     from eval.runner import read_records
 
     out = Path(args.out)
@@ -96,15 +96,18 @@ def main(argv: list[str] | None = None) -> int:
                       "lines": telemetry.lines(), "detail": telemetry.to_dict()},
         "profile": {"backend": backend or "python", "backend_reason": why, "window_s": round(t1 - t0, 3)},
     }
-    summary = write_report([out / "tries.jsonl"], out, extra=extra)
     previous = json.loads((out / "summary.json").read_text())
-    summary["run"] = previous.get("run")
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    try:
+        summary = write_report([out / "tries.jsonl"], out, extra=extra)
+        summary["run"] = previous.get("run")
+        write_text_atomic(out / "summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    except ReportError as e:
+        return _fail(str(e), 1)
     lat = summary["secondary"]["latency_ms"] or {}
     if lat.get("p50") is not None:
         print(f"latency ms per query: mean {lat['mean']:.3g}, p50 {lat['p50']:.3g}, p90 {lat['p90']:.3g}, "
               f"p99 {lat['p99']:.3g} ({lat['count']} queries after warm-up); {telemetry.lines()[0]}")
-    return 0
+    return rc
 
 
 def _device_fields(device) -> dict:

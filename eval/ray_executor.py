@@ -32,7 +32,7 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Iterator
 
-from eval.workers import SETUP_TIMEOUT_S, STEP_TIMEOUT_S, Job, WorkerError, video_file
+from eval.workers import HANG_FLAGS, SETUP_TIMEOUT_S, STEP_TIMEOUT_S, Job, WorkerError, video_file
 
 _POLL_S = 0.2
 _PROGRESS_EVERY_S = 1.0  # how often the driver asks a busy actor for its step count
@@ -56,24 +56,27 @@ class _TryActor:
         self.worker = None
         self.seq = -1
         self.steps = 0
+        self.stage = "sim"
 
     def where(self) -> tuple[str, int]:
         import socket
 
         return socket.gethostname(), os.getpid()
 
-    def progress(self) -> tuple[int, int]:
-        """(sequence number of the current try, control steps done in it; 0 while setting up)."""
-        return self.seq, self.steps
+    def progress(self) -> tuple[int, int, str]:
+        """(sequence number of the current try, stages entered in it (0 while setting up), the stage it is
+        in: "policy" or "sim")."""
+        return self.seq, self.steps, self.stage
 
-    def _beat(self) -> None:
+    def _beat(self, stage: str = "sim") -> None:
+        self.stage = stage
         self.steps += 1
 
     def run(self, seq: int, job: Job) -> tuple[str, object, bytes | None]:
         from eval.policies.base import BadActionError
         from eval.workers import TryWorker
 
-        self.seq, self.steps = seq, 0
+        self.seq, self.steps, self.stage = seq, 0, "sim"
         video_path = None
         try:
             if self.worker is None:
@@ -230,14 +233,14 @@ class RayPool:
                 done, _ = ray.wait([a["progress_ref"]], timeout=0)
                 if done:
                     try:
-                        seq, steps = ray.get(done[0])
+                        seq, steps, stage = ray.get(done[0])
                     except ray.exceptions.RayError:  # dying: the run ref reports it
-                        seq, steps = None, 0
+                        seq, steps, stage = None, 0, "sim"
                     a["progress_ref"] = None
                     if seq is not None:
                         a["alive"] = True
                     if seq == a["seq"] and steps != a["steps"]:
-                        a["steps"], a["changed"] = steps, now
+                        a["steps"], a["changed"], a["stage"] = steps, now, stage
             if a["progress_ref"] is None and now - a["polled"] >= _PROGRESS_EVERY_S:
                 a["progress_ref"] = a["handle"].progress.options(concurrency_group=_WATCH_GROUP).remote()
                 a["polled"] = now
@@ -249,7 +252,7 @@ class RayPool:
             if stepping_hung or setup_hung:
                 job = a["job"]
                 self._kill(aid)
-                hung.append((job, "sim_hang"))
+                hung.append((job, HANG_FLAGS[a.get("stage", "sim")] if stepping_hung else "sim_hang"))
                 self._feed(self._start_actor(), pending)
         return hung
 

@@ -32,6 +32,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -62,10 +63,24 @@ __all__ = [
     "main",
 ]
 
-FLAG_NAMES = ("wrong_hole", "rim", "penetration", "glitch", "dropped", "sim_hang", "actor_died")
+FLAG_NAMES = ("wrong_hole", "rim", "penetration", "glitch", "dropped", "policy_hang", "sim_hang", "actor_died")
 REQUIRED_FIELDS = ("setup", "try", "success")
 N_WEAKEST = 3
 RANKED_TRACKS = {"frozen": "yes", "reference": "no", "sanity": "no", "adapted": "no"}
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` beside ``path`` and rename it into place: readers never see half a file. An OSError
+    (disk full, read-only) becomes a one-line ReportError."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.partial")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise ReportError(f"{path}: cannot write ({e.strerror or e}): free space or fix permissions, then rerun "
+                          f"the same command (the tries are kept)") from None
 
 
 class ReportError(ValueError):
@@ -1002,20 +1017,39 @@ def write_report(tries_paths: Sequence[str | Path], out_dir: str | Path, *, name
     except OSError as e:
         raise ReportError(f"{out}: cannot create folder ({e.strerror or e})") from None
     result = summaries[model_names[0]] if len(model_names) == 1 else {"models": summaries, "paired": paired}
-    (out / "summary.json").write_text(json.dumps(result, indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    with open(out / "per_config.csv", "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["model", "setup", "name", "group", "difficulty", "k", "n", "rate", "wilson_low",
-                    "wilson_high", "scored"])
-        for n, s in summaries.items():
-            w.writerows(_csv_rows(n, s))
-    (out / "REPORT.md").write_text(render_markdown(summaries, paired, sources), encoding="utf-8")
-    plot_groups(summaries, out / "groups.png")
-    plot_heatmap(summaries, out / "heatmap.png")
     queries = {n: [float(v) for r in _split_records(recs)[0] if isinstance(r.get("infer_ms"), list)
                    for v in r["infer_ms"]] for n, recs in zip(model_names, records)}
-    if any(queries.values()):
-        plot_latency(queries, out / "latency.png")
+    # every file is written beside its final name first and renamed once all are written: a crash or a
+    # full disk leaves the previous report whole, never a truncated picture or a mix of two reports
+    staged: dict[str, Path] = {}
+
+    def stage(name: str) -> Path:
+        staged[name] = out / f".{Path(name).stem}.partial{Path(name).suffix}"
+        return staged[name]
+
+    try:
+        stage("summary.json").write_text(json.dumps(result, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+        with open(stage("per_config.csv"), "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["model", "setup", "name", "group", "difficulty", "k", "n", "rate", "wilson_low",
+                        "wilson_high", "scored"])
+            for n, s in summaries.items():
+                w.writerows(_csv_rows(n, s))
+        stage("REPORT.md").write_text(render_markdown(summaries, paired, sources), encoding="utf-8")
+        plot_groups(summaries, stage("groups.png"))
+        plot_heatmap(summaries, stage("heatmap.png"))
+        if any(queries.values()):
+            plot_latency(queries, stage("latency.png"))
+        for name, tmp in staged.items():
+            os.replace(tmp, out / name)
+        if "latency.png" not in staged:  # an earlier report's picture would describe other tries
+            (out / "latency.png").unlink(missing_ok=True)
+    except OSError as e:
+        raise ReportError(f"{out}: cannot write the report ({e.strerror or e}): free space or fix permissions, "
+                          f"then rerun the same command (the tries are kept)") from None
+    finally:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
     return result
 
 

@@ -6,6 +6,8 @@ Example:
 Writes OUT/tries.jsonl (one JSON object per finished try, flushed as it ends),
 then the report (summary.json, per_config.csv, REPORT.md, plots) into OUT.
 Rerunning the same command continues where it stopped; --fresh starts over.
+Exit status: 0 done, 2 bad input (one line), 1 a worker failed, 130 interrupted,
+3 done but some tries did not finish (flagged policy_hang, sim_hang or actor_died).
 """
 
 from __future__ import annotations
@@ -15,12 +17,16 @@ import json
 import signal
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from env.arms import ARMS, UnknownArmError, get_arm
 from env.setups import UnknownSetupError, resolve_setups
 from env.starts import SPLITS
 from eval.policies import MODELS, UnknownModelError, get_model
+
+EXIT_HUNG = 3  # the run finished, but some tries were stopped by the watchdog or lost with their actor
+HUNG_FLAGS = ("policy_hang", "sim_hang", "actor_died")
 
 
 def build_parser(prog: str = "python -m eval.run", description: str | None = None) -> argparse.ArgumentParser:
@@ -39,7 +45,8 @@ def build_parser(prog: str = "python -m eval.run", description: str | None = Non
                    help="physics of --num-envs scenes: gpu (SAPIEN GPU PhysX, needs CUDA) or cpu; "
                         "default gpu where CUDA is available")
     p.add_argument("--step-timeout", type=float, default=None,
-                   help="seconds one control step may take before the watchdog flags the try sim_hang")
+                   help="seconds a policy query, or one control step's physics, may take before the watchdog "
+                        "stops the try and flags it policy_hang or sim_hang")
     x = p.add_argument_group("executor (where the tries run)")
     x.add_argument("--executor", choices=EXECUTORS, default="local",
                    help="local: worker processes on this machine; ray: actors of a Ray cluster "
@@ -95,6 +102,8 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         for name in ("tries", "workers"):
             if getattr(args, name) < 1:
                 raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
+        if args.step_timeout is not None and not args.step_timeout > 0:
+            raise ValueError(f"--step-timeout must be a positive number of seconds, got {args.step_timeout:g}")
         if args.video < 0:
             raise ValueError(f"--video must be 0 or more, got {args.video}")
         if args.executor != "ray" and (args.address or args.gpus_per_actor):
@@ -124,6 +133,8 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         extra = sorted(set(options) - set(spec.options))
         if extra:
             raise ValueError(f"{spec.name} takes no {', '.join('--' + o.replace('_', '-') for o in extra)}")
+        if spec.check is not None:
+            spec.check(**options)  # weights that cannot load: one line, before any scene or run folder
     except (UnknownModelError, UnknownSetupError, UnknownArmError, ValueError, FileNotFoundError, ImportError) as e:
         return _fail(str(e))  # BatchError is a ValueError
     except Exception as e:  # noqa: BLE001 - missing assets and the like: one line
@@ -140,10 +151,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     except (TaskListError, ValueError) as e:
         return _fail(str(e))
 
-    from tqdm import tqdm
-
-    from eval.runner import RunConfig, RunMismatchError, TryLog, hang_record, planned_tries, prepare_out
-    from eval.workers import STEP_TIMEOUT_S, BatchResult, Job, WorkerError, WorkerPool
+    from eval.runner import RunConfig, RunMismatchError, prepare_out
 
     try:
         weights = spec.weights_sha256(**options) if spec.weights_sha256 else None
@@ -153,9 +161,22 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
                     arm=arm.name, tasklist_sha256=tasklist.sha256, options=tuple(sorted(options.items())),
                     sim=args.sim, weights_sha256=weights)
     try:
-        out, done = prepare_out(cfg, fresh=args.fresh)
+        out, done, lock = prepare_out(cfg, fresh=args.fresh)
     except RunMismatchError as e:
         return _fail(str(e))
+    try:
+        return _execute(args, spec, arm, setups, options, tasklist, cfg, out, done)
+    finally:
+        lock.release()
+
+
+def _execute(args, spec, arm, setups, options, tasklist, cfg, out, done) -> int:
+    """The tries still to run, then the report; the caller holds the folder's writer lock."""
+    from tqdm import tqdm
+
+    from eval.runner import TryLog, hang_record, planned_tries, read_records
+    from eval.workers import STEP_TIMEOUT_S, BatchResult, Job, WorkerError, WorkerPool
+
     plan = planned_tries(cfg)
     todo = [Job(s, t, video=t < args.video) for s, t in plan if (s, t) not in done]
     n_todo = len(todo)
@@ -166,14 +187,14 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         (out / "videos").mkdir(exist_ok=True)
     t0 = time.monotonic()
     if todo:
-        def failed(job, flag="sim_hang"):  # a try that could not finish: sim_hang, or actor_died (ray)
+        def failed(job, flag):  # a try that could not finish: policy_hang, sim_hang, or actor_died (ray)
             return hang_record(cfg, tasklist, job.setup, job.try_index, flag=flag)
 
         n_workers = min(args.workers, len(todo))
         if args.num_envs > 1:
             print(f"{args.num_envs} scenes per worker on {args.sim.upper()} physics"
                   + (" (stepped one after another: no GPU speed-up)" if args.sim == "cpu" else ""), file=sys.stderr)
-        step_timeout = args.step_timeout or STEP_TIMEOUT_S
+        step_timeout = args.step_timeout if args.step_timeout is not None else STEP_TIMEOUT_S
         try:
             if args.executor == "ray":
                 from eval.ray_executor import RayPool
@@ -211,6 +232,9 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             failure = (str(e), 1)
         except KeyboardInterrupt:
             failure = ("interrupted; finished tries are saved, rerun the same command to continue", 130)
+        except OSError as e:  # the tries file cannot take another record: disk full, read-only remount
+            failure = (f"cannot append to {out / 'tries.jsonl'} ({e.strerror or e}): free space, then rerun the "
+                       f"same command; the finished tries are kept", 1)
         finally:
             bar.close()
             log.close()
@@ -219,19 +243,29 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             pool.close()
         if failure is not None:
             return _fail(*failure)
-    from eval.report import write_report
+    from eval.report import ReportError, write_report, write_text_atomic
 
-    summary = write_report([out / "tries.jsonl"], out)
-    summary["run"] = {"planned": len(plan), "wall_s_this_session": round(time.monotonic() - t0, 1),
-                      "workers": args.workers, "executor": args.executor, "num_envs": args.num_envs, "sim": args.sim}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    try:
+        summary = write_report([out / "tries.jsonl"], out)
+        summary["run"] = {"planned": len(plan), "wall_s_this_session": round(time.monotonic() - t0, 1),
+                          "workers": args.workers, "executor": args.executor, "num_envs": args.num_envs,
+                          "sim": args.sim}
+        write_text_atomic(out / "summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    except ReportError as e:
+        return _fail(str(e), 1)
     scored = [s for s in setups if not s.startswith("FB")]
     n = sum(v["n"] for v in summary["setups"].values()) + sum(v["n"] for v in summary.get("full_board", {}).values())
     k = sum(v["k"] for v in summary["setups"].values()) + sum(v["k"] for v in summary.get("full_board", {}).values())
     s_txt = f"S {100 * summary['S']:.1f}%" if summary.get("S") is not None else "S n/a (not all 30 setups)"
+    hung = Counter(f for r in read_records(out / "tries.jsonl") for f in r.get("flags", ()) if f in HUNG_FLAGS)
+    hung_txt = ""
+    if hung:
+        hung_txt = (f"; {sum(hung.values())} tries did not finish ("
+                    + ", ".join(f"{flag} {hung[flag]}" for flag in HUNG_FLAGS if hung[flag])
+                    + "): a hung policy or simulator, see the flags in REPORT.md")
     print(f"{spec.name} on {args.split} ({len(scored)} scored setups): {k}/{n} successes, {s_txt}; "
-          f"report in {out / 'REPORT.md'}")
-    return 0
+          f"report in {out / 'REPORT.md'}{hung_txt}")
+    return EXIT_HUNG if hung else 0
 
 
 if __name__ == "__main__":

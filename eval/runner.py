@@ -3,11 +3,14 @@
 Every finished try is appended to ``tries.jsonl`` and flushed to disk at once,
 so a killed run loses nothing: started again with the same settings it skips
 the tries already recorded. ``run.json`` in the output folder holds the run's
-settings; a second run with different settings into the same folder is refused.
+settings (and, under ``environment``, the machine and every installed package's version); a second run
+with different settings into the same folder is refused, and so is a second run into a folder another
+process is writing (``RunFolderLock``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
@@ -20,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from env.setups import get_setup
+from eval.policies.base import ACTION_BOUND
 from env.starts import derive_seed, sample_start
 from env.predicate import MARGIN_KEYS, STICKY_FLAGS, SUCCESS_PREDICATE_VERSION
 
@@ -78,6 +82,53 @@ def machine_info() -> dict[str, str]:
     return {"cpu": cpu, "cores": str(os.cpu_count()), "os": platform.platform(), "python": platform.python_version()}
 
 
+@functools.lru_cache(maxsize=1)
+def package_versions() -> dict[str, str]:
+    """Every installed distribution's version (what ``requirements/lock.txt`` pins, and torch), by its
+    normalised name (PEP 503: lower case, runs of ``-_.`` as one ``-``)."""
+    import re
+    from importlib import metadata
+
+    versions = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version for d in metadata.distributions()}
+    return dict(sorted(versions.items()))
+
+
+def environment_info() -> dict:
+    return {"machine": machine_info(), "packages": package_versions()}
+
+
+class RunFolderLock:
+    """One writer per run folder: an exclusive ``flock`` on ``<out>/.writer.lock`` held while the run
+    writes. The kernel drops it when the holder dies, so a killed run's lock is simply taken over."""
+
+    NAME = ".writer.lock"
+
+    def __init__(self, out: Path):
+        self.path = out / self.NAME
+        self._f = open(self.path, "a+")
+        try:
+            fcntl.flock(self._f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._f.seek(0)
+            holder = self._f.read().strip() or "unknown"
+            self._f.close()
+            raise RunMismatchError(f"{out} is being written by another run (pid {holder}); wait for it to "
+                                   f"finish or use another --out") from None
+        self._f.seek(0)
+        self._f.truncate()
+        self._f.write(f"{os.getpid()}\n")
+        self._f.flush()
+
+    def release(self) -> None:
+        if not self._f.closed:
+            fcntl.flock(self._f.fileno(), fcntl.LOCK_UN)
+            self._f.close()
+
+
+class RecordsError(ValueError):
+    """A tries file that cannot be read as records; the message names the file, the line and what to do."""
+
+
 def read_records(path: Path) -> list[dict]:
     """Records of a tries.jsonl; a torn last line (killed mid-write) is ignored."""
     out = []
@@ -92,7 +143,9 @@ def read_records(path: Path) -> list[dict]:
             out.append(json.loads(line))
         except json.JSONDecodeError:
             if i < len(lines) - 2:  # only the last line can be torn by a kill
-                raise ValueError(f"{path}: line {i + 1} is not JSON") from None
+                raise RecordsError(
+                    f"{path}: line {i + 1} is not JSON (a damaged record, not a torn last line): delete that "
+                    f"line and rerun to redo its try; the other records are kept") from None
     return out
 
 
@@ -115,19 +168,50 @@ class TryLog:
         os.fsync(self._f.fileno())
 
     def close(self) -> None:
-        self._f.close()
+        try:
+            self._f.close()
+        except OSError:  # the last write failed (disk full): its torn line is cut off when the file reopens
+            pass
 
 
-def prepare_out(cfg: RunConfig, fresh: bool = False) -> tuple[Path, set[tuple[str, int]]]:
+def _writable_folder(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise RunMismatchError(f"--out {out} is a file, not a folder: name a folder (new or a run's)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise RunMismatchError(f"cannot write to --out {out}: {e.strerror or e}; choose a writable folder") from None
+
+
+def prepare_out(cfg: RunConfig, fresh: bool = False) -> tuple[Path, set[tuple[str, int]], RunFolderLock]:
+    """The output folder, the (setup, try) pairs it already holds, and its writer lock (release it when
+    the run ends). Raises RunMismatchError (one line) for a folder this run may not write."""
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    _writable_folder(out)
+    lock = RunFolderLock(out)
+    try:
+        done = _resume_state(cfg, out, fresh)
+    except BaseException:
+        lock.release()
+        raise
+    return out, done, lock
+
+
+def _resume_state(cfg: RunConfig, out: Path, fresh: bool) -> set[tuple[str, int]]:
     run_file = out / "run.json"
     tries_file = out / "tries.jsonl"
     if fresh:
         for p in (run_file, tries_file, out / "summary.json", out / "batches.jsonl"):
             p.unlink(missing_ok=True)
     if run_file.exists():
-        previous = json.loads(run_file.read_text())
+        try:
+            previous = json.loads(run_file.read_text())
+        except ValueError:
+            raise RunMismatchError(f"{run_file} is not JSON: use another --out, or --fresh to start over") from None
+        previous.pop("environment", None)
         old_predicate = previous.get("predicate", 1)  # run folders from before predicate versions are v1
         if old_predicate != cfg.predicate:
             raise RunMismatchError(
@@ -139,9 +223,15 @@ def prepare_out(cfg: RunConfig, fresh: bool = False) -> tuple[Path, set[tuple[st
                 f"{out} holds a run with other settings {diff}; use another --out or --fresh to start over"
             )
     else:
-        run_file.write_text(json.dumps(cfg.identity(), indent=1, sort_keys=True) + "\n")
-    done = {(r["setup"], int(r["try"])) for r in read_records(tries_file)}
-    return out, done
+        tmp = run_file.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({**cfg.identity(), "environment": environment_info()}, indent=1,
+                                  sort_keys=True) + "\n")
+        os.replace(tmp, run_file)
+    try:
+        done = {(r["setup"], int(r["try"])) for r in read_records(tries_file)}
+    except RecordsError as e:
+        raise RunMismatchError(str(e)) from None
+    return done
 
 
 def planned_tries(cfg: RunConfig) -> list[tuple[str, int]]:
@@ -250,7 +340,7 @@ def run_try(env, policy, setup_id: str, split: str, try_index: int, tasklist=Non
     policy.warmup_ms = []
     profile = StepProfile(env)
     t0 = time.monotonic()
-    steps, success, success_raw, rim = 0, False, False, False
+    steps, success, success_raw, rim, clipped = 0, False, False, False, 0
     margins = dict.fromkeys(MARGIN_KEYS, 0.0)
     flags: set[str] = set()
     blocks_inserted = 0
@@ -264,13 +354,16 @@ def run_try(env, policy, setup_id: str, split: str, try_index: int, tasklist=Non
             t_step = time.perf_counter()
             observation = observation_for(policy, env, obs)
             t_obs = time.perf_counter()
+            if on_step is not None:
+                on_step("policy")
             action = policy.query(observation)
             t_query = time.perf_counter()
+            if on_step is not None:
+                on_step("sim")
+            clipped += bool(np.any(np.abs(action) > ACTION_BOUND))
             obs, _, terminated, truncated, info = env.step(action)
             profile.add_step(t_step, t_obs, t_query, time.perf_counter(), policy.stage_ms)
             steps += 1
-            if on_step is not None:
-                on_step()
             if video is not None:
                 sensors = obs["sensor_data"]
                 video.add(sensors["third_person"]["rgb"][0].cpu().numpy(),
@@ -297,12 +390,13 @@ def run_try(env, policy, setup_id: str, split: str, try_index: int, tasklist=Non
         flags=flags, margins=margins, steps=steps,
         blocks_inserted=blocks_inserted, disturbance_step=int(info["disturbance_step"][0]) if fired else None,
         wall_s=time.monotonic() - t0, latencies_ms=policy.latencies_ms, warmup_ms=policy.warmup_ms,
-        step_ms=profile.totals())
+        step_ms=profile.totals(), actions_clipped=clipped)
 
 
 def try_record(setup_id: str, try_index: int, seed: int, split: str, start, tasklist, policy, *, success: bool,
                success_raw: bool, flags: set[str], margins: dict[str, float], steps: int, blocks_inserted: int, disturbance_step: int | None, wall_s: float,
-               latencies_ms: list[float], warmup_ms: list[float], step_ms: dict[str, float]) -> dict[str, Any]:
+               latencies_ms: list[float], warmup_ms: list[float], step_ms: dict[str, float],
+               actions_clipped: int = 0) -> dict[str, Any]:
     """The record of one finished try (one line of tries.jsonl)."""
     lat = latencies_ms
     return {
@@ -321,6 +415,9 @@ def try_record(setup_id: str, try_index: int, seed: int, split: str, start, task
         "max_free_energy_gain_mj": round(margins["free_energy_gain"] * 1e3, 3),
         "dropped": "dropped" in flags,
         "steps": steps,
+        # actions with a component outside the controller's [-1, 1], which it clips (ManiSkill's normalised
+        # end-effector controller): a policy that saturates or emits nonsense shows here
+        "actions_clipped": actions_clipped,
         "time_s": round(steps * CONTROL_DT_S, 3),
         "blocks_inserted": blocks_inserted,
         "disturbance": get_setup(setup_id).disturbance,
@@ -342,8 +439,8 @@ def try_record(setup_id: str, try_index: int, seed: int, split: str, start, task
 
 
 def hang_record(cfg: RunConfig, tasklist, setup_id: str, try_index: int, flag: str = "sim_hang") -> dict[str, Any]:
-    """Record of a try that could not finish: failed, flagged ``sim_hang`` (the watchdog stopped it) or
-    ``actor_died`` (its Ray actor died twice)."""
+    """Record of a try that could not finish: failed, flagged ``policy_hang`` or ``sim_hang`` (the watchdog
+    stopped it in a policy query or in the physics) or ``actor_died`` (its Ray actor died twice)."""
     return {
         "v": RECORD_VERSION, "setup": setup_id, "try": try_index, "seed": tasklist.seed(setup_id, try_index),
         "split": cfg.split, "predicate": SUCCESS_PREDICATE_VERSION, "success": False, "success_raw": False,

@@ -2,9 +2,11 @@
 
 The parent hands out tries one at a time and appends each finished record
 itself, so records are written in one place and a killed run loses at most the
-tries in flight. Every control step of a worker stamps a shared heartbeat; a
-worker whose heartbeat is older than ``step_timeout_s`` is killed, its try is
-recorded as failed with the flag ``sim_hang``, and a fresh worker takes over.
+tries in flight. A worker stamps a shared heartbeat before every policy query and
+before every physics step, with the stage it enters; a worker whose heartbeat is
+older than ``step_timeout_s`` is killed, its try is recorded as failed with the
+flag ``policy_hang`` or ``sim_hang`` (the stage it hung in), and a fresh worker
+takes over.
 Starting a worker and building a scene are not steps: they get their own,
 longer limit, so a heavily loaded machine does not turn slow imports into hangs.
 
@@ -17,12 +19,15 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import signal
 import time
 import traceback
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-STEP_TIMEOUT_S = 120.0  # one control step (policy query + physics) taking longer than this is a hang
+STEP_TIMEOUT_S = 120.0  # a policy query, or one control step's physics, taking longer than this is a hang
+HANG_FLAGS = {"policy": "policy_hang", "sim": "sim_hang"}  # the flag of a try that hung in each stage
+_STAGE_CODES = tuple(HANG_FLAGS)  # stage names by the code a worker writes into its shared stage value
 SETUP_TIMEOUT_S = 900.0  # starting a worker or building a scene: slow under load, but not a step
 _POLL_S = 0.2
 _ORPHAN_CHECK_S = 2.0  # an idle worker checks this often whether its parent still exists
@@ -101,7 +106,7 @@ class TryWorker:
 
         env, policy = self.prepare(job)
         if on_step is not None:
-            on_step()  # from here on the watchdog times control steps
+            on_step("sim")  # from here on the watchdog times every stage of every control step
         return run_try(env, policy, job.setup, self.split, job.try_index, tasklist=self.tasklist,
                        on_step=on_step, video_path=video_path if job.video else None)
 
@@ -136,14 +141,17 @@ class TryWorker:
         self._close_batches()
 
 
-def _worker_main(worker_id, model, split, arm, video_dir, options, num_envs, sim, jobs, results, heartbeat):
+def _worker_main(worker_id, model, split, arm, video_dir, options, num_envs, sim, jobs, results, heartbeat,
+                 stage_code):
     """Loop of one worker process: run jobs until a None job arrives."""
     from eval.policies.base import BadActionError
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops the pool
     try:
         worker = TryWorker(model, split, arm, options, num_envs=num_envs, sim=sim)
 
-        def beat():
+        def beat(stage: str = "sim"):
+            stage_code.value = _STAGE_CODES.index(stage)
             heartbeat.value = time.monotonic()
 
         parent = os.getppid()
@@ -164,6 +172,10 @@ def _worker_main(worker_id, model, split, arm, video_dir, options, num_envs, sim
                     record = worker.run(job, on_step=beat, video_path=video_path)
             except BadActionError as e:
                 results.put(("error", worker_id, job, f"{job.setup} try {job.try_index}: {e}"))
+                return
+            except Exception as e:  # noqa: BLE001 - the policy or the scene raised: one line naming the try
+                results.put(("error", worker_id, job, f"{job.setup} try {job.try_index}: {type(e).__name__}: {e}"
+                                                       f"\n{traceback.format_exc()}"))
                 return
             results.put(("record", worker_id, job, record))
         worker.close()
@@ -188,12 +200,15 @@ class WorkerPool:
         self._next_id += 1
         jobs = self.ctx.Queue()
         heartbeat = self.ctx.Value("d", time.monotonic())
-        proc = self.ctx.Process(target=_worker_main, args=(wid, *self.args, jobs, self.results, heartbeat), daemon=True)
+        stage_code = self.ctx.Value("i", 0)
+        proc = self.ctx.Process(target=_worker_main, args=(wid, *self.args, jobs, self.results, heartbeat, stage_code),
+                                daemon=True)
         proc.start()
-        self.workers[wid] = {"proc": proc, "jobs": jobs, "heartbeat": heartbeat, "job": None, "since": 0.0}
+        self.workers[wid] = {"proc": proc, "jobs": jobs, "heartbeat": heartbeat, "stage": stage_code, "job": None,
+                             "since": 0.0}
         return wid
 
-    def run(self, jobs: list[Job], hang_record: Callable[[Job], dict]) -> Iterator[tuple[Job, dict]]:
+    def run(self, jobs: list[Job], hang_record: Callable[..., dict]) -> Iterator[tuple[Job, dict]]:
         """Yield (job, record) as tries finish, in completion order; a batch job yields a BatchResult."""
         pending = list(jobs)
         for wid in list(self.workers):
@@ -233,13 +248,14 @@ class WorkerPool:
             setup_hung = beat == 0 and now - w["since"] > SETUP_TIMEOUT_S
             if stepping_hung or setup_hung:
                 job = w["job"]
+                flag = HANG_FLAGS[_STAGE_CODES[w["stage"].value]] if stepping_hung else "sim_hang"
                 w["proc"].kill()
                 w["proc"].join()
                 del self.workers[wid]
                 if job.batch:
-                    yield job, BatchResult([hang_record(j) for j in job.tries()], None)
+                    yield job, BatchResult([hang_record(j, flag) for j in job.tries()], None)
                 else:
-                    yield job, hang_record(job)
+                    yield job, hang_record(job, flag)
                 new = self._start_worker()
                 self._feed(new, pending)
 

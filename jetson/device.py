@@ -417,8 +417,20 @@ def identify_device(root: str | Path = "/", runner: CommandRunner = run_command,
     return DeviceInfo("cpu", f"CPU: {cpu.model}", cpu, None, (), software, tuple(notes))
 
 
-if __name__ == "__main__":  # `python -m jetson.device`: print what this machine is
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m jetson.device`: print what this machine is."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m jetson.device", description="What this machine is: Jetson "
+                                 "model, L4T / JetPack, power mode and clocks, GPUs, CPU, CUDA / TensorRT versions.")
+    ap.add_argument("--json", action="store_true", help="also print everything as JSON")
+    args = ap.parse_args(argv)
     info = identify_device()
     print("\n".join(info.summary_lines()))
-    if "--json" in sys.argv:
+    if args.json:
         print(json.dumps(info.to_dict(), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,7 +7,9 @@
 # Steps (each prints one line saying what it did or skipped):
 #   1. CPU Vulkan (Mesa lavapipe >= 24.3) via apt, when root
 #   2. torch, only when `import torch` fails (never replaces an existing torch)
-#   3. pip install -e ".[sim,export,jax,ray,dev]", skipped when already done
+#   3. pip install -e ".[sim,export,jax,ray,dev]" with requirements/lock.txt as constraints (the versions
+#      CI tested), skipped when already done; UNLOCKED=1 installs without the lock (upgrading, or a
+#      platform the lock was not made on, e.g. Jetson)
 # Set SKIP_APT=1 to skip step 1.
 set -euo pipefail
 
@@ -124,7 +126,16 @@ present=()
 for p in "${PACKAGES[@]}"; do
     [[ -f "$REPO/$p/__init__.py" ]] && present+=("$p")
 done
-stamp_text="python=$("$PY" -c 'import sys; print(sys.executable)') extras=$EXTRAS packages=${present[*]:-}"
+LOCK="$REPO/requirements/lock.txt"
+if [[ "${UNLOCKED:-0}" == "1" ]]; then
+    constraints=()
+    lock_text="unlocked"
+else
+    [[ -f "$LOCK" ]] || die "$LOCK is missing (restore it from git, or set UNLOCKED=1 to install without it)"
+    constraints=(-c "$LOCK")
+    lock_text="lock=$(sha256sum "$LOCK" | cut -c1-16)"
+fi
+stamp_text="python=$("$PY" -c 'import sys; print(sys.executable)') extras=$EXTRAS packages=${present[*]:-} $lock_text"
 
 installed_here=0
 show="$("$PY" -m pip show shape-assembly-bench 2>/dev/null || true)"
@@ -135,7 +146,7 @@ if [[ "$installed_here" == "1" && -f "$STAMP" && ! "$REPO/setup.py" -nt "$STAMP"
     && [[ "$(cat "$STAMP")" == "$stamp_text" ]]; then
     say "install: skipped (editable install of $REPO is current)"
 else
-    "$PY" -m pip install -q -e "$REPO[$EXTRAS]"
+    "$PY" -m pip install -q -e "$REPO[$EXTRAS]" "${constraints[@]}"
     printf '%s' "$stamp_text" > "$STAMP"
-    say "install: pip install -e \".[$EXTRAS]\" done"
+    say "install: pip install -e \".[$EXTRAS]\" ${constraints[*]:-(unlocked)} done"
 fi

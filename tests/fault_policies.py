@@ -40,3 +40,51 @@ class HangPolicy(Policy):
         if self.n >= 3:
             time.sleep(3600)
         return np.zeros(7, dtype=np.float32)
+
+
+class SimHangPolicy(Policy):
+    """Makes the simulator hang: from its third query on, the scene's physics step never returns (the
+    worker's env class is patched in the worker process only)."""
+
+    name = "sim-hang-test"
+    track = "sanity"
+
+    def reset(self, instruction, seed=None):
+        self.n = 0
+
+    def act(self, observation):
+        self.n += 1
+        if self.n == 3:
+            from env.task import ShapeAssemblyEnv
+
+            ShapeAssemblyEnv._after_simulation_step = lambda self: time.sleep(3600)
+        return np.zeros(7, dtype=np.float32)
+
+
+class HugeActionPolicy(Policy):
+    """Returns 1e30 in every component: finite, far outside the controller's range."""
+
+    name = "huge-test"
+    track = "sanity"
+
+    def reset(self, instruction, seed=None):
+        pass
+
+    def act(self, observation):
+        return np.full(7, 1e30, dtype=np.float64)
+
+
+class RaisePolicy(Policy):
+    """Raises at its second query."""
+
+    name = "raise-test"
+    track = "sanity"
+
+    def reset(self, instruction, seed=None):
+        self.n = 0
+
+    def act(self, observation):
+        self.n += 1
+        if self.n >= 2:
+            raise RuntimeError("the policy's server went away")
+        return np.zeros(7, dtype=np.float32)

@@ -83,3 +83,18 @@ def test_help(name):
     proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0 and "--quick" in proc.stdout and "--out-dir" in proc.stdout
+
+
+def test_quick_results_never_go_under_results(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.cli_startup", "--quick", "--no-progress", "--out-dir",
+                           str(ROOT / "results" / "benchmarks")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 2 and "never go under" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (ROOT / "results" / "benchmarks" / "cli_startup.quick.json").exists()
+
+
+def test_cli_startup_quick(tmp_path):
+    r = _bench("cli_startup", tmp_path)
+    modules = {c["module"] for c in r["commands"]}
+    assert {"eval.run", "eval.orin", "env.tasklist", "eval.report"} <= modules
+    assert all(c["help_exit"] == [0] and c["bad_option_exit"] == [2] for c in r["commands"])

@@ -79,3 +79,26 @@ def test_cli_help(module):
         f"--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
     )
     assert proc.stdout.strip(), f"python -m {module} --help printed nothing on stdout"
+
+
+SIMULATOR_MODULES = ("torch", "sapien", "mani_skill", "jax", "onnxruntime", "ray", "tensorrt", "tensorflow")
+HELP_IMPORTS = """
+import contextlib, io, json, runpy, sys
+sys.argv = [sys.argv[1], "--help"]
+with contextlib.redirect_stdout(io.StringIO()):
+    try:
+        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+    except SystemExit:
+        pass
+print(json.dumps(sorted(m for m in %r if m in sys.modules)))
+""" % (SIMULATOR_MODULES,)
+
+
+@pytest.mark.parametrize("module", CLI_MODULES)
+def test_cli_help_loads_no_simulator_or_framework(module):
+    """--help answers at once: it imports none of the heavy modules (their import alone takes seconds;
+    benchmarks/cli_startup.py measures the wall time)."""
+    proc = subprocess.run([sys.executable, "-c", HELP_IMPORTS, module], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=HELP_TIMEOUT_S, env=dict(os.environ, MPLBACKEND="Agg"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]", f"python -m {module} --help imports {proc.stdout.strip()}"

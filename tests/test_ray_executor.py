@@ -154,12 +154,13 @@ def test_dead_actor_retried_once_then_flagged_and_hang_flagged(ray_address, loca
     out = tmp_path / "faults"
     proc = _run("--model", "tests.test_ray_executor:FaultPolicy", "--split", "dev", "--setups", "A01", "--tries",
                 "3", "--workers", "2", "--step-timeout", "3", "--executor", "ray", "--address", address,
-                "--out", str(out))
+                "--out", str(out), check=False)
+    assert proc.returncode == 3, proc.stderr[-3000:]  # finished, but with tries that did not finish
     assert "Traceback" not in proc.stderr
     recs = {r["try"]: r for r in _records(out)}
     assert sorted(recs) == [0, 1, 2]
     assert recs[0]["flags"] == ["actor_died"] and not recs[0]["success"]  # died at both attempts
-    assert recs[2]["flags"] == ["sim_hang"] and not recs[2]["success"]  # the watchdog, not a retry
+    assert recs[2]["flags"] == ["policy_hang"] and not recs[2]["success"]  # the watchdog, not a retry
     # died at its first attempt, the retry on a fresh actor is the scripted try itself
     local = {r["try"]: r for r in _records(local_run)}
     assert _key([recs[1]]) == _key([local[1]])
@@ -168,7 +169,8 @@ def test_dead_actor_retried_once_then_flagged_and_hang_flagged(ray_address, loca
     assert attempts.count(str(SEED_HANGS)) == 1
     summary = json.loads((out / "summary.json").read_text())
     flags = summary["setups"]["A01"]["flags"]
-    assert flags.get("actor_died") == 1 and flags.get("sim_hang") == 1
+    assert flags.get("actor_died") == 1 and flags.get("policy_hang") == 1
+    assert "2 tries did not finish (policy_hang 1, actor_died 1)" in proc.stdout.strip().splitlines()[-1]
 
 
 def test_missing_ray_is_one_line_naming_the_extra(tmp_path):

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("setup", "try", "seed", "success", "steps", "flags", "blocks_inserted", "disturbance_fired")
 
@@ -63,12 +65,15 @@ def test_nan_action_stops_the_run_with_one_line_naming_the_try(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_watchdog_flags_a_hung_step_and_the_run_goes_on(tmp_path):
+@pytest.mark.parametrize("policy, flag", [("HangPolicy", "policy_hang"), ("SimHangPolicy", "sim_hang")])
+def test_watchdog_flags_a_hung_policy_or_simulator_and_the_run_goes_on(tmp_path, policy, flag):
     out = tmp_path / "hang"
-    proc = subprocess.run(_cmd("--model", "tests.fault_policies:HangPolicy", "--setups", "A01", "--tries", "2",
+    proc = subprocess.run(_cmd("--model", f"tests.fault_policies:{policy}", "--setups", "A01", "--tries", "2",
                                "--step-timeout", "3", "--out", str(out)),
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 3, proc.stderr[-2000:]  # finished, with hung tries
     recs = _records(out)
     assert sorted(r["try"] for r in recs) == [0, 1]
-    assert all(r["flags"] == ["sim_hang"] and not r["success"] for r in recs)
+    assert all(r["flags"] == [flag] and not r["success"] for r in recs)
+    last = proc.stdout.strip().splitlines()[-1]
+    assert f"2 tries did not finish ({flag} 2)" in last, proc.stdout

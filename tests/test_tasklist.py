@@ -1,5 +1,6 @@
 """The locked task list (env/tasklist.py, env/tasklists/v1/)."""
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -175,3 +176,34 @@ def test_starts_never_overlap():
                 for b in shapes[k + 1:]:
                     assert a.intersection(b).area < 1e-9, (split, e["setup"], e["try"])
     assert n_multi > 0
+
+def _store(root: Path, split: str, index: int, change) -> dict:
+    """Change entry ``index`` of the stored split and re-lock the file: the stored starts stay the contract."""
+    path = root / "v1" / f"{split}.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    e = json.loads(lines[index])
+    change(e)
+    lines[index] = json.dumps(e, sort_keys=True, separators=(",", ":")) + "\n"
+    path.write_text("".join(lines))
+    lock_file = root / "v1" / "LOCK.json"
+    lock = json.loads(lock_file.read_text())
+    lock["splits"][split]["sha256"] = tasklist.sha256_hex(path.read_bytes())
+    lock_file.write_text(json.dumps(lock))
+    return e
+
+
+@pytest.mark.parametrize("change, rounding", [
+    (lambda e: e["start"].update(board_x=math.nextafter(e["start"]["board_x"], 1.0)), True),  # 1 ulp
+    (lambda e: e["start"].update(board_x=e["start"]["board_x"] + 1e-9), False),
+    (lambda e: e.update(seed=e["seed"] + 1), False),
+])
+def test_verify_reports_float_rounding_and_fails_any_other_difference(tmp_path, change, rounding):
+    root = _copy_v1(tmp_path)
+    e = _store(root, "dev", 3, change)
+    ok, line = tasklist.verify_split("dev", root=root)
+    assert ok is rounding and "\n" not in line
+    if rounding:
+        assert line.startswith("dev: OK") and "float rounding" in line and "at most 1 ulp" in line
+        assert f"setup {e['setup']} try {e['try']} start.board_x" in line
+    else:
+        assert "DIFFERS" in line and f"setup {e['setup']} try {e['try']}" in line

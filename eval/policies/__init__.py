@@ -19,6 +19,9 @@ class ModelSpec:
     options: tuple[str, ...] = ()  # model options the factory takes (checkpoint, random_weights, ...)
     # options -> sha256 of the weights file they select, for the run's identity (None: no single file)
     weights_sha256: Callable[..., str | None] | None = None
+    # options -> None, or a one-line ValueError when the weights they select cannot be loaded: run before
+    # any scene is built or any run folder is written
+    check: Callable[..., None] | None = None
 
 
 def _scripted(setup, **_):
@@ -51,6 +54,16 @@ def _octo(model: str):
 OCTO_OPTIONS = ("checkpoint", "random_weights", "exec_horizon", "temporal_ensembling", "backend")
 
 
+def _octo_check(model: str):
+    def check(checkpoint=None, random_weights=False, **_):
+        if not random_weights:
+            from engines.octo.checkpoint import resolve
+
+            resolve(model, checkpoint)  # the folder exists, or the HF cache has it: else one line of advice
+
+    return check
+
+
 def _bc_state(checkpoint=None, backend=None, **_):
     from eval.policies.bc_state import BCStatePolicy
 
@@ -63,17 +76,25 @@ def _bc_state_weights(checkpoint=None, **_):
     return weights_sha256(checkpoint)
 
 
+def _bc_state_check(checkpoint=None, **_):
+    from engines.bc_mlp import DEFAULT_WEIGHTS, load
+
+    load(checkpoint or DEFAULT_WEIGHTS)  # shapes, normalisation, metadata: BadCheckpointError in one line
+
+
 MODELS: Mapping[str, ModelSpec] = MappingProxyType({
     m.name: m for m in (
         ModelSpec("scripted", "reference", "state", _scripted, "scripted controller reading exact poses"),
         ModelSpec("random", "sanity", "state", _random, "uniform random actions"),
         ModelSpec("hold", "sanity", "state", _hold, "holds still, gripper open"),
         ModelSpec("octo-small", "frozen", "cameras", _octo("octo-small"),
-                  "Octo 1.5 small (27M + t5-base), released weights, zero-shot", OCTO_OPTIONS),
+                  "Octo 1.5 small (27M + t5-base), released weights, zero-shot", OCTO_OPTIONS,
+                  check=_octo_check("octo-small")),
         ModelSpec("octo-base", "frozen", "cameras", _octo("octo-base"),
-                  "Octo 1.5 base (93M + t5-base), released weights, zero-shot", OCTO_OPTIONS),
+                  "Octo 1.5 base (93M + t5-base), released weights, zero-shot", OCTO_OPTIONS,
+                  check=_octo_check("octo-base")),
         ModelSpec("bc-state", "adapted", "state", _bc_state, "MLP on exact state trained on scripted demos",
-                  options=("checkpoint", "backend"), weights_sha256=_bc_state_weights),
+                  options=("checkpoint", "backend"), weights_sha256=_bc_state_weights, check=_bc_state_check),
     )
 })
 

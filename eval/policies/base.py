@@ -22,6 +22,7 @@ import numpy as np
 
 TRACKS = ("reference", "sanity", "frozen", "adapted")
 ACTION_DIM = 7  # end-effector delta xyz, delta roll-pitch-yaw, gripper (+1 open, -1 close)
+ACTION_BOUND = 1.0  # the controller's normalised range is [-1, 1] in every component; it clips the rest
 
 
 class BadActionError(RuntimeError):

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
 from engines.bc_mlp import DEFAULT_WEIGHTS, export_onnx, load, numpy_forward
-from engines.onnx_utils import cache_root, sha256_file
+from engines.onnx_utils import BadModelFileError, cache_root, check_onnx_file, sha256_file
 from eval.policies.base import Policy
 from eval.state_features import ActionHistory, policy_input
 
@@ -25,9 +26,17 @@ def weights_sha256(weights: str | Path | None = None) -> str:
 
 
 def onnx_for(weights: Path, sha256: str) -> Path:
-    """The ONNX export of a weights file, made once and cached under a name from the weights' sha256."""
+    """The ONNX export of a weights file, made once and cached under a name from the weights' sha256; a
+    cached file that fails the ONNX check (truncated, corrupt) is exported again."""
     digest = sha256[:16]
     path = cache_root() / "onnx" / f"bc_state_{digest}.onnx"
+    if path.exists():
+        try:
+            check_onnx_file(path)
+        except BadModelFileError as e:
+            print(f"cached ONNX export {path} fails its check ({str(e).split('; ')[0]}); exporting it again from "
+                  f"{weights}", file=sys.stderr)
+            path.unlink()
     if not path.exists():
         model, config, _ = load(weights)
         tmp = path.with_suffix(f".{os.getpid()}.tmp.onnx")

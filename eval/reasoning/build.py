@@ -5,7 +5,10 @@ items from ``[seed, 100 + k, i]``), so a smaller build is a prefix of a larger o
 are named by a hash of their state and camera, so one state shown by several questions is
 rendered once. The set sha256 covers the JSONL bytes and every image's name and bytes;
 ``sha256_states`` covers the JSONL alone (which holds every state exactly), a check that does
-not depend on the renderer's pixels.
+not depend on the renderer's pixels. Every number in the JSONL is computed without BLAS
+(:mod:`env.exact`), so ``sha256_states`` is the same on every CPU and BLAS kernel (a test derives it
+under several ``OPENBLAS_CORETYPE`` values); the pixels, and with them the set sha256, are the
+renderer's (Mesa lavapipe's version and the CPU it compiles its shaders for).
 """
 
 from __future__ import annotations
@@ -46,6 +49,29 @@ def generate_items(seed=0, per_type=100, lite=20, types=Q.TYPES, plan_ks=range(1
     return items
 
 
+def assign_image_paths(items: list[dict], size: int = S.IMAGE_SIZE) -> dict[str, tuple[dict, str]]:
+    """Give every image reference its file (named by a hash of state, camera and size); {path: (state,
+    camera)} of the distinct images."""
+    todo: dict[str, tuple[dict, str]] = {}
+    for item in items:
+        for im in item["images"]:
+            im["path"] = f"img/{S.image_key(im['state'], im['camera'], size)}.png"
+            todo.setdefault(im["path"], (im["state"], im["camera"]))
+    return todo
+
+
+def questions_jsonl(items: list[dict]) -> bytes:
+    """The questions file: one item per line, keys sorted, floats as Python's shortest round-trip repr."""
+    return "".join(json.dumps(item, sort_keys=True) + "\n" for item in items).encode()
+
+
+def states_sha256(seed=0, size=S.IMAGE_SIZE, **kwargs) -> str:
+    """``sha256_states`` of the set ``build`` would write, without rendering: the machine-independent hash."""
+    items = generate_items(seed, **kwargs)
+    assign_image_paths(items, size)
+    return hashlib.sha256(questions_jsonl(items)).hexdigest()
+
+
 def _png_bytes(img: np.ndarray) -> bytes:
     from PIL import Image
 
@@ -71,12 +97,7 @@ def build(out, seed=0, per_type=100, lite=20, types=Q.TYPES, plan_ks=range(1, 9)
     (out / "img").mkdir(parents=True, exist_ok=True)
     items = generate_items(seed, per_type, lite, types, plan_ks, plan_per_k, progress)
     t_items = time.monotonic() - t0
-    todo: dict[str, tuple[dict, str]] = {}
-    for item in items:
-        for im in item["images"]:
-            key = S.image_key(im["state"], im["camera"], size)
-            im["path"] = f"img/{key}.png"
-            todo.setdefault(im["path"], (im["state"], im["camera"]))
+    todo = assign_image_paths(items, size)
     n_refs = sum(len(item["images"]) for item in items)
     renderer = renderer or S.Renderer(size=size)
     t1 = time.monotonic()
@@ -91,7 +112,7 @@ def build(out, seed=0, per_type=100, lite=20, types=Q.TYPES, plan_ks=range(1, 9)
     for stale in (out / "img").glob("*.png"):  # images of an earlier, different build
         if f"img/{stale.name}" not in images:
             stale.unlink()
-    jsonl = "".join(json.dumps(item, sort_keys=True) + "\n" for item in items).encode()
+    jsonl = questions_jsonl(items)
     (out / QUESTIONS_FILE).write_bytes(jsonl)
     counts: dict[str, int] = {}
     for item in items:

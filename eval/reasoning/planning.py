@@ -18,7 +18,7 @@ import string
 
 import numpy as np
 
-from env import geometry
+from env import exact, geometry
 from eval.reasoning import scene as S
 
 LABELS = string.ascii_uppercase
@@ -83,7 +83,7 @@ def make_domain(rng: np.random.Generator, n_blocks: int, min_stack: int = 2) -> 
     for _ in range(len(stacks)):
         for _ in range(2000):
             p = np.array([rng.uniform(-0.34, -0.11), rng.uniform(-0.22, 0.22)])
-            if not S.over_board(board, p, 0.036) and all(np.linalg.norm(p - q) > 0.085 for q in xy):
+            if not S.over_board(board, p, 0.036) and all(exact.norm(p - q) > 0.085 for q in xy):
                 xy.append(p)
                 break
         else:

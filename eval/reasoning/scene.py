@@ -22,7 +22,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from env import geometry
+from env import exact, geometry
 
 H = geometry.BLOCK_HEIGHT
 Z_TABLE = H / 2
@@ -116,7 +116,7 @@ def over_board(board: dict, xy, radius: float, gap: float = 0.01) -> bool:
     d = np.asarray(xy, dtype=float) - [board["x"], board["y"]]
     local = np.array([c * d[0] - s * d[1], s * d[0] + c * d[1]])
     outside = np.maximum(np.abs(local) - board_half_extent(board), 0.0)
-    return float(np.linalg.norm(outside)) <= radius + gap
+    return exact.norm(outside) <= radius + gap
 
 
 @lru_cache(maxsize=None)
@@ -162,7 +162,7 @@ def yaw_fits(shape: str, block_yaw: float, hole_yaw: float, clearance: float = g
 def footprint(block: dict) -> np.ndarray:
     """World xy outline of a block's prism."""
     c, s = math.cos(block["yaw"]), math.sin(block["yaw"])
-    return geometry.block_outline(block["shape"]) @ np.array([[c, s], [-s, c]]) + [block["x"], block["y"]]
+    return exact.rows_matmul(geometry.block_outline(block["shape"]), [[c, s], [-s, c]]) + [block["x"], block["y"]]
 
 
 def radius(shape: str) -> float:
@@ -171,8 +171,8 @@ def radius(shape: str) -> float:
 
 def _seg_dist(p, a, b) -> float:
     ab = b - a
-    t = np.clip(np.dot(p - a, ab) / max(np.dot(ab, ab), 1e-18), 0.0, 1.0)
-    return float(np.linalg.norm(p - (a + t * ab)))
+    t = min(max(exact.dot(p - a, ab) / max(exact.dot(ab, ab), 1e-18), 0.0), 1.0)
+    return exact.norm(p - (a + t * ab))
 
 
 def polygon_distance(P: np.ndarray, Q: np.ndarray) -> float:
@@ -180,7 +180,8 @@ def polygon_distance(P: np.ndarray, Q: np.ndarray) -> float:
     for poly in (P, Q):
         n, _ = geometry._halfplanes(poly)
         for axis in n:
-            if (P @ axis).max() < (Q @ axis).min() or (Q @ axis).max() < (P @ axis).min():
+            p, q = exact.rows_dot(P, axis), exact.rows_dot(Q, axis)
+            if p.max() < q.min() or q.max() < p.min():
                 break
         else:
             continue
@@ -227,9 +228,9 @@ def look_at_matrix(eye, target) -> np.ndarray:
     """Rotation with columns (forward, left, up): the SAPIEN camera convention."""
     eye, target = np.asarray(eye, float), np.asarray(target, float)
     f = target - eye
-    f /= np.linalg.norm(f)
+    f /= exact.norm(f)
     left = np.cross([0.0, 0.0, 1.0], f)
-    left /= np.linalg.norm(left)
+    left /= exact.norm(left)
     up = np.cross(f, left)
     return np.stack([f, left, up], axis=1)
 
@@ -238,7 +239,7 @@ def project(camera: str, points, size: int = IMAGE_SIZE) -> np.ndarray:
     """Pixel (u right, v down) of world points in a camera's image."""
     eye, target = CAMERAS[camera]
     R = look_at_matrix(eye, target)
-    d = (np.atleast_2d(np.asarray(points, float)) - eye) @ R  # (forward, left, up)
+    d = exact.rows_matmul(np.atleast_2d(np.asarray(points, float)) - eye, R)  # (forward, left, up)
     focal = (size / 2) / math.tan(FOVY / 2)
     return np.stack([size / 2 - focal * d[:, 1] / d[:, 0], size / 2 - focal * d[:, 2] / d[:, 0]], axis=1)
 
