@@ -335,6 +335,10 @@ def build_summary(records: Iterable[Mapping], *, model: str | None = None,
         "predicate": predicate,
         # tries where the predicate held but a flag vetoed the success (v2 records say so; v1 did not veto)
         "vetoed": {"n": len(vetoed), "flags": {f: c for f, c in vetoes.items() if c}} if predicate >= 2 else None,
+        # actions outside the controller's [-1, 1] (it clips them): tries with any, and the actions in all
+        "actions_clipped": {"tries": sum(bool(r.get("actions_clipped")) for r in scored),
+                            "actions": sum(int(r.get("actions_clipped") or 0) for r in scored)}
+        if any("actions_clipped" in r for r in scored) else None,
         "n_tries": len(scored),
         "complete": sd["complete"],
         "missing": sd["missing"],
@@ -551,6 +555,11 @@ def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | 
             fl = ", ".join(f"{f} {c}" for f, c in s["vetoed"]["flags"].items())
             L.append(f"{n + ': ' if several else ''}{s['vetoed']['n']} tries met the predicate and were vetoed "
                      f"by a flag ({fl}); they count as failures.")
+    for n, s in summaries.items():
+        if s.get("actions_clipped") and s["actions_clipped"]["tries"]:
+            c = s["actions_clipped"]
+            L.append(f"{n + ': ' if several else ''}{c['tries']} tries sent actions outside the controller's "
+                     f"[-1, 1] range ({c['actions']} actions in all), which it clipped.")
     L.append("")
     for n, s in summaries.items():
         if s.get("note"):  # e.g. random weights: latency only, success meaningless

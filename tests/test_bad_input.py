@@ -226,6 +226,10 @@ def test_a_policy_far_outside_the_controllers_range_is_clipped_and_counted(tmp_p
     assert proc.returncode == 0, proc.stderr[-2000:]
     (rec,) = _records(out)
     assert not rec["success"] and rec["actions_clipped"] == rec["steps"] > 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["actions_clipped"] == {"tries": 1, "actions": rec["steps"]}
+    assert f"1 tries sent actions outside the controller's [-1, 1] range ({rec['steps']} actions" in \
+        (out / "REPORT.md").read_text()
 
 
 def test_the_reference_never_needs_clipping(one_try_run):
