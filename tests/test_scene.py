@@ -43,7 +43,7 @@ def _drop_test(env, block: str, hole: str, yaw: float, steps: int = 25) -> tuple
 
     Each drop gets a freshly built scene, as every try of a run does: PhysX's contact caches would carry
     one drop into the next (with a warm scene, a triangle dropped over the circle hole at 0.5 mm, 90 deg,
-    after 23 other drops was thrown off the board, flagged glitch)."""
+    after 19 other drops was thrown off the board, flagged glitch)."""
     env.reset(seed=0, options={"start": _start(block), "reconfigure": True})
     _place(env, block, _hole_xy(hole), geometry.PLATE_TOP_Z + geometry.BLOCK_HEIGHT / 2 + 0.002, yaw)
     lowest = np.inf
