@@ -43,8 +43,8 @@ def usable_cores() -> int:
 
 
 def machine() -> dict[str, Any]:
-    """eval.runner.machine_info, the cores this process may use, and the 1/5/15-minute load average now."""
-    from eval.runner import machine_info
+    """eval.records.machine_info, the cores this process may use, and the 1/5/15-minute load average now."""
+    from eval.records import machine_info
 
     return {**machine_info(), "usable_cores": usable_cores(), "load_average_start": load_average()}
 

@@ -2,7 +2,7 @@
 # Device check for a GPU machine (see benchmarks/device_check.py): installs TensorRT and cuda-python when
 # missing, then builds octo-small and bc-state engines in FP32 and FP16, checks parity against ONNX Runtime,
 # times them with CUDA events and writes device_check.json to $OUT (or results/benchmarks/). Then the
-# GPU-parallel scenes (eval.batch): GPU against CPU physics on the scripted reference (A01..A04), and
+# GPU-parallel scenes (eval.rollout): GPU against CPU physics on the scripted reference (A01..A04), and
 # bc-state on its TensorRT engine at 1 and 32 scenes (latency, tries/s, bytes copied per step).
 #
 #   bash benchmarks/device_check.sh              # on the GPU machine

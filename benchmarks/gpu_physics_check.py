@@ -3,9 +3,9 @@
     python -m benchmarks.gpu_physics_check                       # on a CUDA machine: A01..A04, 16 tries each
     python -m benchmarks.gpu_physics_check --sim cpu --quick     # anywhere: the batched loop on CPU scenes
 
-The same dev-split tries run twice: one at a time on CPU PhysX (``run_try``, as
+The same dev-split tries run twice: one at a time on CPU PhysX (a rollout of one scene, as
 every scored run so far) and as one batch of ``--num-envs`` scenes on the
-chosen physics (eval.batch). Tight insertion is where PhysX's GPU solver is
+chosen physics (eval.rollout). Tight insertion is where PhysX's GPU solver is
 known to differ, so the default setups are the clearance group A01..A04. Per
 setup: success on each, tries whose outcome differs, mean steps, the paired
 difference in percentage points; and throughput of the batch. On ``--sim cpu``
@@ -31,31 +31,30 @@ def compare_setup(setup_id: str, tries: Sequence[int], num_envs: int, sim: str, 
     import torch
 
     torch.set_num_threads(1)
-    from env import make_env
     from env.setups import get_setup
     from env.tasklist import load
-    from eval.batch import SceneBatch, make_members, run_batch
     from eval.policies import get_model
-    from eval.runner import run_try
+    from eval.rollout import Scenes, make_members, rollout, run_try
 
     tasklist = load(split)
     spec = get_model("scripted")
-    factory = lambda: spec.factory(setup=get_setup(setup_id))  # noqa: E731
-    env = make_env(setup_id, obs_mode="state")
+    setup = get_setup(setup_id)
+    factory = lambda: spec.factory(setup=setup)  # noqa: E731
+    one = Scenes(setup, 1, sim="cpu")
     t0 = time.monotonic()
     try:
-        single = [run_try(env, factory(), setup_id, split, t, tasklist=tasklist) for t in tries]
+        single = [run_try(one, factory(), split, t, tasklist=tasklist).to_json() for t in tries]
     finally:
-        env.close()
+        one.close()
     single_s = time.monotonic() - t0
-    scenes = SceneBatch(setup_id, num_envs, sim=sim)
+    scenes = Scenes(setup, num_envs, sim=sim)
     t0 = time.monotonic()
     try:
         batched = []
         members = make_members(factory(), num_envs, factory)
         for i in range(0, len(tries), num_envs):
-            records, _ = run_batch(scenes, members, setup_id, split, list(tries[i:i + num_envs]), tasklist)
-            batched += records
+            records, _ = rollout(scenes, members, split, list(tries[i:i + num_envs]), tasklist)
+            batched += [r.to_json() for r in records]
     finally:
         scenes.close()
     batch_s = time.monotonic() - t0
@@ -84,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sim", choices=("gpu", "cpu"), default="gpu")
     args = p.parse_args(argv)
     from env.setups import resolve_setups
-    from eval.batch import gpu_sim_unavailable_reason
+    from eval.rollout import gpu_sim_unavailable_reason
 
     if args.quick:
         args.tries, args.num_envs, args.setups = 2, 2, "A01"

@@ -55,7 +55,7 @@ def _state_observation():
     """(observation dict of the state policies, its 32-number state vector) from a real scene."""
     from env import make_env
     from env.tasklist import load
-    from eval.runner import observation_for
+    from eval.rollout import observation_for
     from eval.state_features import ActionHistory, policy_input
 
     tasklist = load("dev")

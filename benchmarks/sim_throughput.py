@@ -1,5 +1,5 @@
 """Simulation throughput: control steps/s of a bare ``env.step`` loop and of the runner's loop
-(``eval.runner.run_try``), for state observations and for both cameras, and tries/s with 1 vs 2 workers.
+(``eval.rollout.run_try``, a rollout of one scene), for state observations and for both cameras, and tries/s with 1 vs 2 workers.
 
 Harness overhead: the scripted policy runs a try once through ``run_try`` (untimed, to learn its
 length); then, from the same start and a freshly built scene, a bare loop (the scripted policy's
@@ -35,22 +35,6 @@ OVERHEAD_TARGET_PCT = 10.0
 SPEEDUP_TARGET = 1.8
 
 
-def _make_env(setup: str, obs_mode: str, max_steps: int | None):
-    """make_env, with the episode cut at ``max_steps`` (truncation) when given."""
-    if max_steps is None:
-        from env import make_env
-
-        return make_env(setup, obs_mode=obs_mode)
-    import gymnasium as gym
-
-    from env import ENV_ID
-    from env.setups import get_setup
-
-    s = get_setup(setup)
-    return gym.make(ENV_ID, setup=s.id, arm="panda", obs_mode=obs_mode, render_mode=None,
-                    max_episode_steps=min(max_steps, s.max_steps))
-
-
 def _scripted(setup: str):
     from env.setups import get_setup
     from eval.policies.scripted import ScriptedPolicy
@@ -60,16 +44,18 @@ def _scripted(setup: str):
 
 
 def bare_vs_runner(setup: str, try_index: int, label: str, repeats: int, max_steps: int | None, tasklist) -> dict:
-    """Per-step milliseconds of the bare loop and of run_try on one try, ``repeats`` times each."""
-    from eval.runner import run_try
+    """Per-step milliseconds of the bare loop and of the rollout on one try, ``repeats`` times each."""
+    from env.setups import get_setup
+    from eval.rollout import Scenes, run_try
 
-    env = _make_env(setup, OBS_MODES[label], max_steps)
+    scenes = Scenes(get_setup(setup), 1, cameras=label == "cameras", max_steps=max_steps)
+    env = scenes.envs[0]
     try:
         policy = _scripted(setup)
         actions: list[np.ndarray] = []
         act = policy.act
         policy.act = lambda obs: actions.append(np.array(act(obs), np.float32, copy=True)) or actions[-1]
-        run_try(env, policy, setup, SPLIT, try_index, tasklist=tasklist)  # untimed: records the actions, warms up
+        run_try(scenes, policy, SPLIT, try_index, tasklist=tasklist)  # untimed: records the actions, warms up
         seed, start = tasklist.seed(setup, try_index), tasklist.start(setup, try_index)
         bare_ms, runner_ms, profiles = [], [], []
         for r in range(repeats):
@@ -86,15 +72,14 @@ def bare_vs_runner(setup: str, try_index: int, label: str, repeats: int, max_ste
                         env.step(bare_policy.act({"state": state}))
                     bare_ms.append((time.perf_counter() - t0) * 1e3 / len(actions))
                 else:
-                    rec = run_try(env, _scripted(setup), setup, SPLIT, try_index, tasklist=tasklist)
-                    if rec["steps"] != len(actions):
-                        raise BenchmarkError(f"{setup} try {try_index}: the runner took {rec['steps']} steps, the "
+                    rec = run_try(scenes, _scripted(setup), SPLIT, try_index, tasklist=tasklist)
+                    if rec.steps != len(actions):
+                        raise BenchmarkError(f"{setup} try {try_index}: the runner took {rec.steps} steps, the "
                                              f"recorded actions {len(actions)}; the scene is not deterministic")
-                    runner_ms.append(rec["wall_s"] * 1e3 / rec["steps"])
-                    if rec.get("step_ms"):
-                        profiles.append({k: v / rec["steps"] for k, v in rec["step_ms"].items()})
+                    runner_ms.append(rec.wall_s * 1e3 / rec.steps)
+                    profiles.append({k: v / rec.steps for k, v in rec.step_ms.items()})
     finally:
-        env.close()
+        scenes.close()
     profile = {k: round(float(np.mean([p[k] for p in profiles])), 4) for k in profiles[0]} if profiles else None
     return {"setup": setup, "try": try_index, "obs": label, "steps": len(actions), "bare_ms_per_step": bare_ms,
             "runner_ms_per_step": runner_ms, "runner_profile_ms_per_step": profile}
@@ -129,10 +114,12 @@ def steps_part(setups: list[str], tries: int, repeats: int, max_steps: int | Non
 
 
 def _pool_run(n_workers: int, jobs, warm_jobs) -> dict:
+    from eval.records import TryRecord
     from eval.workers import WorkerPool
 
-    def hung(job):  # only reached if a scripted step hangs: counted, never expected
-        return {"setup": job.setup, "try": job.try_index, "success": False, "flags": ["sim_hang"], "wall_s": None}
+    def hung(job, flag):  # only reached if a scripted step hangs: counted, never expected
+        return TryRecord(setup=job.setup.id, try_index=job.try_index, seed=0, split=SPLIT, disturbance=None,
+                         tasklist_sha256=None, flags=(flag,), finished=False)
 
     t0 = time.perf_counter()
     pool = WorkerPool(n_workers, "scripted", SPLIT, "panda", None, {})
@@ -141,7 +128,7 @@ def _pool_run(n_workers: int, jobs, warm_jobs) -> dict:
         startup_s = time.perf_counter() - t0
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         t1 = time.perf_counter()
-        recs = [rec for _, rec in pool.run(list(jobs), hung)]
+        recs = [rec.to_json() for _, result in pool.run(list(jobs), hung) for rec in result.records]
         wall = time.perf_counter() - t1
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     finally:
@@ -155,12 +142,13 @@ def _pool_run(n_workers: int, jobs, warm_jobs) -> dict:
 
 
 def workers_part(setups: list[str], tries: int, show: bool, mach: dict) -> dict:
+    from env.setups import get_setup
     from eval.workers import Job
 
-    jobs = [Job(s, t) for s in setups for t in range(tries)]  # eval.run's order: setup by setup
+    jobs = [Job(get_setup(s), t) for s in setups for t in range(tries)]  # eval.run's order: setup by setup
     runs = {}
     for n in progress((1, 2), desc="workers", disable=not show):
-        warm = [Job(setups[0], tries + i) for i in range(n)]  # one untimed try per worker, not in the timed list
+        warm = [Job(get_setup(setups[0]), tries + i) for i in range(n)]  # one untimed try per worker, not in the timed list
         runs[n] = _pool_run(n, jobs, warm)
     speedup = runs[2]["tries_per_s"] / runs[1]["tries_per_s"]
     out = {"setups": setups, "tries_per_setup": tries, "runs": [runs[1], runs[2]], "speedup_2_vs_1": round(speedup, 3)}

@@ -7,7 +7,7 @@ tools answer ``--help`` and argument errors without loading SAPIEN, ManiSkill or
 
 from __future__ import annotations
 
-from env.setups import SETUPS, get_setup  # noqa: F401
+from env.setups import SETUPS, Setup, get_setup  # noqa: F401
 
 _FROM_TASK = ("ENV_ID", "ShapeAssemblyEnv")
 
@@ -20,12 +20,14 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'env' has no attribute {name!r}")
 
 
-def make_env(setup: str = "A01", arm: str = "panda", obs_mode: str = "state", render_mode: str | None = None, **kwargs):
-    """Make one ShapeAssembly-v1 scene with the setup's episode length."""
+def make_env(setup: "str | Setup" = "A01", arm: str = "panda", obs_mode: str = "state",
+             render_mode: str | None = None, max_steps: int | None = None, **kwargs):
+    """Make one ShapeAssembly-v1 scene of a setup (an id or the Setup itself), with the setup's episode length
+    unless ``max_steps`` cuts it (truncation)."""
     import gymnasium as gym
 
     from env.task import ENV_ID  # registers the env
 
-    s = get_setup(setup)
-    return gym.make(ENV_ID, setup=s.id, arm=arm, obs_mode=obs_mode, render_mode=render_mode,
-                    max_episode_steps=s.max_steps, **kwargs)
+    s = setup if isinstance(setup, Setup) else get_setup(setup)
+    return gym.make(ENV_ID, setup=s, arm=arm, obs_mode=obs_mode, render_mode=render_mode,
+                    max_episode_steps=max_steps or s.max_steps, **kwargs)

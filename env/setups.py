@@ -12,6 +12,9 @@ from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 from typing import Mapping
 
+CONTROL_FREQ = 20  # control steps per second: every ``_steps`` field and every try's time_s counts these
+CONTROL_DT_S = 1.0 / CONTROL_FREQ
+
 GROUPS = (
     "Clearance",
     "Pose and layout",

@@ -54,6 +54,7 @@ import hashlib
 import math
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +75,10 @@ from env.arms import ArmSpec, check_assets, get_arm, register_agents
 from env.predicate import (DEEP_M, GLITCH_ENERGY_J, MATCH_MARGIN_M, PENETRATION_TOL_M, RELEASED_OPENING,  # noqa: F401
                            SETTLED_MPS, STICKY_FLAGS, SUCCESS_HOLD_STEPS, SUCCESS_PREDICATE_VERSION,
                            TABLE_PENETRATION_M, VETO_FLAGS)
-from env.setups import Setup, get_setup
+from env.setups import CONTROL_FREQ, Setup, get_setup
 from env.starts import DEFAULT_BLOCK_RGB, StartState, sample_start
 
 ENV_ID = "ShapeAssembly-v1"
-CONTROL_FREQ = 20
 SIM_FREQ = 500
 CONTACT_EPS_N = 1e-3
 GRASP_FORCE_N = 0.5
@@ -266,6 +266,23 @@ class ShapeAssemblyEnv(BaseEnv):
         pose = sapien_utils.look_at(eye=THIRD_PERSON_EYE, target=THIRD_PERSON_TARGET)
         w, h = THIRD_PERSON_SIZE
         return [CameraConfig(THIRD_PERSON_CAMERA, pose, w, h, 1.0, 0.01, 10)]
+
+    # Which observations are rendered. A policy that reads the cameras on some steps only (Octo reads the
+    # frames of its history window at each query step) has the rollout switch rendering off for the steps it
+    # does not read: their observations carry no sensor data. A rendered frame does not depend on the renders
+    # skipped before it (tests/test_rollout.py). ``last_render_ms`` is the time of the last render, 0 when
+    # skipped, so that the rollout can split a step's time into physics and render.
+    render_sensors: bool = True
+    last_render_ms: float = 0.0
+
+    def _get_obs_sensor_data(self, apply_texture_transforms: bool = True) -> dict:
+        if not self.render_sensors:
+            self.last_render_ms = 0.0
+            return {}
+        t0 = time.perf_counter()
+        data = super()._get_obs_sensor_data(apply_texture_transforms)
+        self.last_render_ms = (time.perf_counter() - t0) * 1e3
+        return data
 
     @property
     def _default_human_render_camera_configs(self):

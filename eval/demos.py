@@ -46,70 +46,88 @@ import time
 import numpy as np
 
 from env.setups import resolve_setups
+from eval.policies.base import Policy
 from eval.state_features import VERSION
 
 NOISE_SEED_OFFSET = 7_919  # the noise stream of a try differs from its start's stream
 
 
+class DemoRecorder(Policy):
+    """The policy a recording runs (through eval.rollout, as every evaluation): the scripted reference in its
+    labeler mode labels every state; what is executed is its label, the label plus noise, or the learner's
+    action (see the module docstring). Each try's (states, labels, executed) are kept in ``tries``."""
+
+    name = "demo-recorder"
+    observes = "state"
+
+    def __init__(self, setup, noise: float, learner=None, beta: float = 0.0) -> None:
+        super().__init__()
+        self.setup, self.noise, self.learner, self.beta = setup, noise, learner, beta
+        self.tries: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def reset(self, instruction: str, seed: int | None = None) -> None:
+        from eval.policies.scripted import ScriptedPolicy
+        from eval.state_features import ActionHistory
+
+        self.rng = np.random.default_rng(seed + NOISE_SEED_OFFSET)
+        self.expert = ScriptedPolicy(clearance=self.setup.clearance_m, latency_steps=self.setup.latency_steps,
+                                     labeler=True)
+        self.expert.reset(instruction)
+        self.history = ActionHistory()  # of the executed actions: what the learner will see of its own
+        self.states, self.labels, self.sent = [], [], []
+        self.tries.append((self.states, self.labels, self.sent))
+
+    def act(self, observation):
+        from eval.policies.scripted import PENDING_REACH, POS_SCALE, ROT_SCALE
+        from eval.state_features import policy_input
+
+        x = policy_input(observation["state"], self.history)
+        label = self.expert.act(observation)
+        executed = label
+        if self.learner is not None and self.rng.random() >= self.beta:
+            # the learner's input carries the history of what was sent, whoever sent it
+            executed = self.learner.runner.infer({"state": x[None]})["action"][0]
+        if self.noise > 0:
+            executed = executed.copy()
+            executed[:6] = np.clip(executed[:6] + self.rng.normal(0.0, self.noise, 6), -1.0, 1.0)
+        if self.expert.latency_steps and executed is not label:
+            # the reference's latency predictor must count what was really sent, not its own wish
+            self.expert.pending[-1] = (executed[:3] * POS_SCALE, _rotation(PENDING_REACH * executed[3:6] * ROT_SCALE))
+        self.expert.observe_executed(executed)
+        self.states.append(x)
+        self.labels.append(label)
+        self.sent.append(executed)
+        self.history.update(executed)
+        return executed
+
+
 def _record_setup(job):
-    """Worker: the given tries of one setup; returns (setup, [(try, seed, success, states, actions)])."""
+    """Worker: the given tries of one setup; returns (setup, [(try, seed, success, states, labels, executed)])."""
     import torch
 
     torch.set_num_threads(1)
-    from env import make_env
     from env.setups import get_setup
     from env.tasklist import load
-    from eval.policies.scripted import POS_SCALE, ROT_SCALE, PENDING_REACH, ScriptedPolicy
-    from eval.runner import observation_for
-    from eval.state_features import ActionHistory, policy_input
+    from eval.rollout import Scenes, run_try
 
     setup_id, tries, noise, learner_path, beta = job
     tl = load("train")
     setup = get_setup(setup_id)
-    env = make_env(setup_id, obs_mode="state")
     learner = None
     if learner_path:
         from eval.policies.bc_state import BCStatePolicy
 
         learner = BCStatePolicy(weights=learner_path, backend="torch")
+    recorder = DemoRecorder(setup, noise, learner, beta)
+    scenes = Scenes(setup, 1)
     out = []
     try:
         for t in tries:
-            seed = tl.seed(setup_id, t)
-            rng = np.random.default_rng(seed + NOISE_SEED_OFFSET)
-            expert = ScriptedPolicy(clearance=setup.clearance_m, latency_steps=setup.latency_steps,
-                                    labeler=True)
-            # a fresh scene per try, as in eval.run: the recording does not depend on the order of tries
-            obs, _ = env.reset(seed=seed, options={"start": tl.start(setup_id, t), "reconfigure": True})
-            expert.reset(env.unwrapped.instructions[0])
-            states, actions, sent = [], [], []
-            history = ActionHistory()  # of the executed actions: what the learner will see of its own
-            while True:
-                o = observation_for(expert, env, obs)
-                x = policy_input(o["state"], history)
-                label = expert.act(o)
-                executed = label
-                if learner is not None and rng.random() >= beta:
-                    # the learner's input carries the history of what was sent, whoever sent it
-                    executed = learner.runner.infer({"state": x[None]})["action"][0]
-                if noise > 0:
-                    executed = executed.copy()
-                    executed[:6] = np.clip(executed[:6] + rng.normal(0.0, noise, 6), -1.0, 1.0)
-                if expert.latency_steps and executed is not label:
-                    # the reference's latency predictor must count what was really sent, not its own wish
-                    expert.pending[-1] = (executed[:3] * POS_SCALE,
-                                          _rotation(PENDING_REACH * executed[3:6] * ROT_SCALE))
-                expert.observe_executed(executed)
-                states.append(x)
-                actions.append(label)
-                sent.append(executed)
-                history.update(executed)
-                obs, _, term, trunc, info = env.step(executed)
-                if bool(term[0]) or bool(trunc[0]):
-                    break
-            out.append((t, seed, bool(info["success"][0]), np.stack(states), np.stack(actions), np.stack(sent)))
+            record = run_try(scenes, recorder, "train", t, tasklist=tl)
+            states, labels, sent = recorder.tries.pop()
+            out.append((t, record.seed, record.success, np.stack(states), np.stack(labels), np.stack(sent)))
     finally:
-        env.close()
+        scenes.close()
     return setup_id, out
 
 

@@ -22,9 +22,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from env.setups import CONTROL_DT_S
 from eval.policies.base import Policy
 
-CONTROL_PERIOD_MS = 50.0
+CONTROL_PERIOD_MS = CONTROL_DT_S * 1e3
 REPLAY_SEED_OFFSET = 104_729  # the latency draws of a try differ from its other random streams
 
 
@@ -78,6 +79,9 @@ class ReplayLatencyPolicy(Policy):
         self.pending: list[tuple[int, np.ndarray]] = []  # (step it reaches the arm, action)
         self.current: np.ndarray | None = None
         self.delays: list[int] = []
+
+    def reads_observation(self, step: int) -> bool:
+        return self.inner.reads_observation(step)
 
     def act(self, observation: Mapping[str, Any]) -> np.ndarray:
         action = np.asarray(self.inner.query(observation), dtype=np.float32)

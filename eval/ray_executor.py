@@ -3,9 +3,10 @@
 Each actor owns one :class:`eval.workers.TryWorker` (its scenes and its policy), exactly as a local worker
 process does, and declares its resources (one CPU, ``gpus_per_actor`` GPUs). The driver hands out one try
 at a time per actor and gets each record back as it finishes; ``eval.run`` appends it to ``tries.jsonl``
-on the driver, so resume and dedup are those of a local run. Because every try rebuilds its physics scene
-(``run_try(fresh_scene=True)``) a record does not depend on which actor ran it: a Ray run and a local run
-of the same tries give the same records (timings aside).
+on the driver, so resume and dedup are those of a local run. With ``--num-envs N`` a job is a batch of up to
+N tries of one setup, as in a local run. Because every try rebuilds its physics scene (eval.rollout) a
+record does not depend on which actor ran it: a Ray run and a local run of the same tries give the same
+records (timings aside).
 
 Failures:
 
@@ -32,7 +33,7 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Iterator
 
-from eval.workers import HANG_FLAGS, SETUP_TIMEOUT_S, STEP_TIMEOUT_S, Job, WorkerError, video_file
+from eval.workers import HANG_FLAGS, SETUP_TIMEOUT_S, STEP_TIMEOUT_S, BatchResult, Job, WorkerError, video_file
 
 _POLL_S = 0.2
 _PROGRESS_EVERY_S = 1.0  # how often the driver asks a busy actor for its step count
@@ -51,8 +52,8 @@ class _TryActor:
     """A Ray actor: one TryWorker, built on the first try (so that a model that fails to load is reported
     as an error of the run, not as a dead actor). ``progress`` runs in its own concurrency group."""
 
-    def __init__(self, model: str, split: str, arm: str, options: dict):
-        self.args = (model, split, arm, dict(options))
+    def __init__(self, model: str, split: str, arm: str, options: dict, num_envs: int = 1, sim: str = "cpu"):
+        self.args = (model, split, arm, dict(options), num_envs, sim)
         self.worker = None
         self.seq = -1
         self.steps = 0
@@ -84,11 +85,11 @@ class _TryActor:
             if job.video:
                 fd, video_path = tempfile.mkstemp(suffix=".mp4", prefix="sab_video_")
                 os.close(fd)
-            record = self.worker.run(job, on_step=self._beat, video_path=video_path)
+            result = self.worker.run(job, on_step=self._beat, video_path=video_path)
             video = Path(video_path).read_bytes() if video_path else None
-            return "record", record, video
+            return "record", result, video
         except BadActionError as e:
-            return "error", f"{job.setup} try {job.try_index}: {e}", None
+            return "error", f"{job.setup.id} try {job.try_index}: {e}", None
         except Exception as e:  # noqa: BLE001 - one line to the driver, as a local worker reports it
             return "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}", None
         finally:
@@ -97,7 +98,7 @@ class _TryActor:
 
 
 class RayPool:
-    """The interface of :class:`eval.workers.WorkerPool` over Ray actors: ``run`` yields (job, record) in
+    """The interface of :class:`eval.workers.WorkerPool` over Ray actors: ``run`` yields (job, BatchResult) in
     completion order; ``close`` kills the actors (and stops Ray if this pool started it).
 
     ``address``: a cluster to connect to (``ray.init(address=...)``; "auto" finds a local one); None starts
@@ -107,7 +108,8 @@ class RayPool:
 
     def __init__(self, n: int, model: str, split: str, arm: str, video_dir: str | None, options: dict | None = None,
                  step_timeout_s: float = STEP_TIMEOUT_S, address: str | None = None, gpus_per_actor: float = 0.0,
-                 setup_timeout_s: float = SETUP_TIMEOUT_S, max_retries: int = MAX_RETRIES):
+                 setup_timeout_s: float = SETUP_TIMEOUT_S, max_retries: int = MAX_RETRIES, num_envs: int = 1,
+                 sim: str = "cpu"):
         ray = require_ray()
         self.ray = ray
         self.video_dir = video_dir
@@ -136,7 +138,7 @@ class RayPool:
             n = fit
         self.actor_cls = ray.remote(num_cpus=1, num_gpus=gpus_per_actor, max_restarts=0,
                                     concurrency_groups={_WATCH_GROUP: 1})(_TryActor)
-        self.args = (model, split, arm, dict(options or {}))
+        self.args = (model, split, arm, dict(options or {}), num_envs, sim)
         self.actors: dict[int, dict] = {}
         self._next_id = 0
         self._seq = 0
@@ -169,9 +171,13 @@ class RayPool:
             a["ref"] = a["handle"].run.remote(self._seq, job)
 
     # ------------------------------------------------------------ the run
-    def run(self, jobs: list[Job], failed_record: Callable[..., dict]) -> Iterator[tuple[Job, dict]]:
-        """Yield (job, record) as tries finish. ``failed_record(job, flag)`` makes the record of a try that
-        could not finish (flag ``sim_hang`` or ``actor_died``)."""
+    def run(self, jobs: list[Job], failed_record: Callable[..., object]) -> Iterator[tuple[Job, BatchResult]]:
+        """Yield (job, BatchResult) as jobs finish. ``failed_record(job, flag)`` makes the record of a try
+        that could not finish (flag ``policy_hang``, ``sim_hang`` or ``actor_died``)."""
+
+        def failed(job: Job, flag: str) -> BatchResult:
+            return BatchResult([failed_record(j, flag) for j in job.tries()])
+
         ray = self.ray
         pending = deque(jobs)
         deaths: dict[Job, int] = {}
@@ -201,7 +207,7 @@ class RayPool:
                     if deaths[job] > self.max_retries:
                         if (job.setup, job.try_index) not in yielded:
                             yielded.add((job.setup, job.try_index))
-                            yield job, failed_record(job, "actor_died")
+                            yield job, failed(job, "actor_died")
                     else:
                         pending.appendleft(job)  # retried first, on the fresh actor
                     self._feed(self._start_actor(), pending)
@@ -220,7 +226,7 @@ class RayPool:
             for job, flag in self._check_hangs(pending):
                 if (job.setup, job.try_index) not in yielded:
                     yielded.add((job.setup, job.try_index))
-                    yield job, failed_record(job, flag)
+                    yield job, failed(job, flag)
 
     def _check_hangs(self, pending: deque) -> list[tuple[Job, str]]:
         ray = self.ray

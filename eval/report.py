@@ -751,7 +751,7 @@ def _latency_section(summaries: Mapping[str, dict]) -> list[str]:
         L.append("")
     steps = {n: s["secondary"]["step_ms"] for n, s in have.items() if s["secondary"].get("step_ms")}
     if steps:
-        from eval.runner import STAGES
+        from eval.rollout import STAGES
 
         L += ["Time per control step by stage, ms (share of the step). observe: observation taken from the "
               "scene; preprocess / inference / postprocess: the policy query; physics: action and simulation "
@@ -1006,8 +1006,8 @@ def write_report(tries_paths: Sequence[str | Path], out_dir: str | Path, *, name
         summaries[n]["source"] = str(p)
         summaries[n].update(extra or {})
         batches_file = p.parent / "batches.jsonl"
-        if batches_file.exists():  # a --num-envs run: latency at batch N and throughput (eval.batch)
-            from eval.batch import batch_summary
+        if batches_file.exists():  # a --num-envs run: latency at batch N and throughput (eval.rollout)
+            from eval.rollout import batch_summary
             from eval.runner import read_records
 
             summaries[n]["batch"] = batch_summary(read_records(batches_file))

@@ -39,8 +39,8 @@ def build_parser(prog: str = "python -m eval.run", description: str | None = Non
     p.add_argument("--workers", type=int, default=1, help="worker processes, each with its own scene")
     p.add_argument("--video", type=int, default=0, metavar="K", help="mp4 of the first K tries of each setup")
     p.add_argument("--num-envs", type=int, default=1, metavar="N",
-                   help="scenes per worker stepped together, their policy queries batched (eval.batch); "
-                        "state policies only")
+                   help="scenes per worker stepped together, their policy queries batched into one model "
+                        "call (eval.rollout)")
     p.add_argument("--sim", default=None, choices=("cpu", "gpu"),
                    help="physics of --num-envs scenes: gpu (SAPIEN GPU PhysX, needs CUDA) or cpu; "
                         "default gpu where CUDA is available")
@@ -110,11 +110,12 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             raise ValueError("--address and --gpus-per-actor need --executor ray")
         if args.gpus_per_actor < 0:
             raise ValueError(f"--gpus-per-actor must be 0 or more, got {args.gpus_per_actor:g}")
-        from eval.batch import check_batch_request, gpu_sim_unavailable_reason
+        from eval.rollout import check_batch_request, gpu_sim_unavailable_reason
 
-        if args.sim is None:
-            args.sim = "gpu" if args.num_envs > 1 and gpu_sim_unavailable_reason() is None else "cpu"
-        check_batch_request(args.num_envs, args.sim, spec.observes, args.executor)
+        if args.sim is None:  # camera policies: CPU scenes (GPU scenes with frames on the device: not yet)
+            args.sim = ("gpu" if args.num_envs > 1 and spec.observes == "state" and gpu_sim_unavailable_reason() is None
+                        else "cpu")
+        check_batch_request(args.num_envs, args.sim, spec.observes)
         if args.num_envs > 1 and args.video:
             raise ValueError("--video records one scene per worker: use --num-envs 1")
         if args.executor == "ray":
@@ -174,21 +175,26 @@ def _execute(args, spec, arm, setups, options, tasklist, cfg, out, done) -> int:
     """The tries still to run, then the report; the caller holds the folder's writer lock."""
     from tqdm import tqdm
 
+    from dataclasses import replace
+
+    from env.setups import get_setup
     from eval.runner import TryLog, hang_record, planned_tries, read_records
-    from eval.workers import STEP_TIMEOUT_S, BatchResult, Job, WorkerError, WorkerPool
+    from eval.workers import STEP_TIMEOUT_S, Job, WorkerError, WorkerPool
 
     plan = planned_tries(cfg)
-    todo = [Job(s, t, video=t < args.video) for s, t in plan if (s, t) not in done]
+    setup_of = {s: get_setup(s) for s in setups}  # resolved once: jobs carry the Setup itself
+    todo = [Job(setup_of[s], t, video=t < args.video) for s, t in plan if (s, t) not in done]
     n_todo = len(todo)
     if args.num_envs > 1:  # batches of up to N tries of one setup
-        todo = [Job(s, ts[0], batch=ts) for s in setups
-                for ts in _chunks([j.try_index for j in todo if j.setup == s], args.num_envs)]
+        todo = [Job(setup_of[s], ts[0], batch=ts) for s in setups
+                for ts in _chunks([j.try_index for j in todo if j.setup.id == s], args.num_envs)]
     if args.video:
         (out / "videos").mkdir(exist_ok=True)
     t0 = time.monotonic()
     if todo:
         def failed(job, flag):  # a try that could not finish: policy_hang, sim_hang, or actor_died (ray)
-            return hang_record(cfg, tasklist, job.setup, job.try_index, flag=flag)
+            return replace(hang_record(cfg, tasklist, job.setup, job.try_index, flag=flag), model=spec.name,
+                           track=spec.track, arm=arm.name)
 
         n_workers = min(args.workers, len(todo))
         if args.num_envs > 1:
@@ -201,7 +207,7 @@ def _execute(args, spec, arm, setups, options, tasklist, cfg, out, done) -> int:
 
                 pool = RayPool(n_workers, spec.name, args.split, arm.name, str(out / "videos"), options,
                                step_timeout_s=step_timeout, address=args.address,
-                               gpus_per_actor=args.gpus_per_actor)
+                               gpus_per_actor=args.gpus_per_actor, num_envs=args.num_envs, sim=args.sim)
             else:
                 pool = WorkerPool(n_workers, spec.name, args.split, arm.name, str(out / "videos"), options,
                                   step_timeout_s=step_timeout, num_envs=args.num_envs, sim=args.sim)
@@ -215,19 +221,14 @@ def _execute(args, spec, arm, setups, options, tasklist, cfg, out, done) -> int:
         failure = None
         try:
             for job, result in pool.run(todo, failed):
-                if isinstance(result, BatchResult):
-                    records = result.records
-                    if result.batch is not None:
-                        batch_log.append(result.batch)
-                else:
-                    records = [result]
-                for record in records:
-                    record.update(model=spec.name, track=spec.track, arm=arm.name)
-                    log.append(record)
-                    successes += bool(record["success"])
+                if result.batch is not None:
+                    batch_log.append(result.batch)
+                for record in result.records:
+                    log.append(record.to_json())
+                    successes += record.success
                     n_new += 1
                     bar.update(1)
-                bar.set_postfix_str(f"success {successes}/{n_new} last {job.setup}")
+                bar.set_postfix_str(f"success {successes}/{n_new} last {job.setup.id}")
         except WorkerError as e:
             failure = (str(e), 1)
         except KeyboardInterrupt:

@@ -42,6 +42,7 @@ from typing import Mapping
 import numpy as np
 
 from env import geometry
+from eval.policies.base import HOLD_ACTION
 
 SCENE_DIM = 32
 HISTORY_DIM = 8
@@ -119,7 +120,7 @@ class ActionHistory:
         self.reset()
 
     def reset(self) -> None:
-        self.last = np.array([0, 0, 0, 0, 0, 0, 1], dtype=np.float32)
+        self.last = HOLD_ACTION.copy()
         self.hold = 0
 
     def update(self, action: np.ndarray) -> None:

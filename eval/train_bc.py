@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     report = Path(args.report_dir)
     report.mkdir(parents=True, exist_ok=True)
     plot_history(history, report / "loss.png")
-    from eval.runner import machine_info
+    from eval.records import machine_info
 
     (report / "training.json").write_text(json.dumps({
         "demos_files": [str(d) for d in args.demos], "tries_recorded": n_tries, "successful_tries": n_ok,

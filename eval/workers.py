@@ -25,6 +25,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from env.setups import Setup
+
 STEP_TIMEOUT_S = 120.0  # a policy query, or one control step's physics, taking longer than this is a hang
 HANG_FLAGS = {"policy": "policy_hang", "sim": "sim_hang"}  # the flag of a try that hung in each stage
 _STAGE_CODES = tuple(HANG_FLAGS)  # stage names by the code a worker writes into its shared stage value
@@ -35,10 +37,13 @@ _ORPHAN_CHECK_S = 2.0  # an idle worker checks this often whether its parent sti
 
 @dataclass(frozen=True)
 class Job:
-    setup: str
-    try_index: int
+    setup: Setup
+    try_index: int  # the first try of the job
     video: bool = False
-    batch: tuple[int, ...] = ()  # GPU-parallel scenes (eval.batch): the tries run together, try_index the first
+    batch: tuple[int, ...] = ()  # --num-envs N: up to N tries of the setup run together (try_index the first)
+
+    def try_indices(self) -> tuple[int, ...]:
+        return self.batch or (self.try_index,)
 
     def tries(self) -> list["Job"]:
         """One job per try (a batch job's tries, or this job)."""
@@ -47,14 +52,15 @@ class Job:
 
 @dataclass
 class BatchResult:
-    """What a batch job returns: the records of its tries and the batch record (None when it hung)."""
+    """What a job returns: the records of its tries (eval.records.TryRecord) and, for a batch of N > 1
+    scenes, the batch record (None when it hung)."""
     records: list
-    batch: dict | None
+    batch: dict | None = None
 
 
 def video_file(job: Job) -> str:
     """File name of a try's video (under the run's videos/ folder)."""
-    return f"{job.setup}_try{job.try_index:03d}.mp4"
+    return f"{job.setup.id}_try{job.try_index:03d}.mp4"
 
 
 class WorkerError(RuntimeError):
@@ -63,10 +69,11 @@ class WorkerError(RuntimeError):
 
 class TryWorker:
     """What one worker owns, whatever runs it (a local process or a Ray actor): the scenes of its current
-    setup (state and, when asked, camera observations), the policy for that setup, and the task list.
+    setup (state or camera observations, N of them with --num-envs N), the policies for that setup (one per
+    scene), and the task list.
 
-    ``run`` runs one job and returns its record; ``on_step`` is called after every control step (the
-    watchdog's heartbeat). A bad action raises :class:`eval.policies.base.BadActionError`.
+    ``run`` runs one job through :func:`eval.rollout.rollout`; ``on_step(stage)`` is the watchdog's heartbeat.
+    A bad action raises :class:`eval.policies.base.BadActionError`.
     """
 
     def __init__(self, model: str, split: str, arm: str, options: dict | None = None, num_envs: int = 1,
@@ -75,70 +82,50 @@ class TryWorker:
 
         torch.set_num_threads(1)  # one core per worker: W workers on W cores, no oversubscription
         from env.tasklist import load
+        from eval.policies import get_model
 
-        self.model, self.split, self.arm, self.options = model, split, arm, dict(options or {})
+        self.spec = get_model(model)
+        self.split, self.arm, self.options = split, arm, dict(options or {})
         self.num_envs, self.sim = num_envs, sim
         self.tasklist = load(split)
-        self.envs: dict[tuple[str, str], object] = {}
-        self.policy_cache: dict[str, object] = {}
-        self.batches: dict[str, object] = {}  # setup -> (SceneBatch, policies)
+        self._key = None  # (setup id, cameras) of the scenes held
+        self.scenes = None
+        self.members: list = []
 
     def prepare(self, job: Job):
-        """(env, policy) for the job: scenes and policy are built when the setup changes, kept otherwise."""
-        from env import make_env
-        from env.setups import get_setup
-        from eval.policies import get_model
+        """(scenes, policies) for the job: built when the setup (or the need for cameras) changes, else kept."""
+        from eval.rollout import Scenes, make_members
 
-        spec = get_model(self.model)
-        obs_mode = "rgb" if (job.video or spec.observes == "cameras") else "state"
-        key = (job.setup, obs_mode)
-        if key not in self.envs:
-            for k in [k for k in self.envs if k[0] != job.setup]:
-                self.envs.pop(k).close()
-            self.envs[key] = make_env(job.setup, arm=self.arm, obs_mode=obs_mode)
-        if job.setup not in self.policy_cache:
-            self.policy_cache.clear()
-            self.policy_cache[job.setup] = spec.factory(setup=get_setup(job.setup), **self.options)
-        return self.envs[key], self.policy_cache[job.setup]
+        cameras = job.video or self.spec.observes == "cameras"
+        key = (job.setup.id, cameras)
+        if key != self._key:
+            if self.scenes is not None and self._key[0] == job.setup.id:
+                self.scenes.close()  # same setup, other observations (a video try): keep the policies
+                self.scenes = None
+            else:
+                self.close()
+                factory = lambda: self.spec.factory(setup=job.setup, **self.options)  # noqa: E731
+                self.members = make_members(factory(), self.num_envs, factory)
+            self.scenes = Scenes(job.setup, self.num_envs, sim=self.sim, arm=self.arm, cameras=cameras)
+            self._key = key
+        return self.scenes, self.members
 
-    def run(self, job: Job, on_step: Callable[[], None] | None = None, video_path: str | None = None) -> dict:
-        from eval.runner import run_try
+    def run(self, job: Job, on_step: Callable[[str], None] | None = None, video_path: str | None = None
+            ) -> BatchResult:
+        from eval.rollout import labelled, rollout
 
-        env, policy = self.prepare(job)
+        scenes, members = self.prepare(job)
         if on_step is not None:
             on_step("sim")  # from here on the watchdog times every stage of every control step
-        return run_try(env, policy, job.setup, self.split, job.try_index, tasklist=self.tasklist,
-                       on_step=on_step, video_path=video_path if job.video else None)
-
-    def run_batch(self, job: Job, on_step: Callable[[], None] | None = None) -> BatchResult:
-        """The tries of a batch job on this worker's scene batch of the job's setup (eval.batch)."""
-        from env.setups import get_setup
-        from eval.batch import SceneBatch, make_members, run_batch
-        from eval.policies import get_model
-
-        if job.setup not in self.batches:
-            self._close_batches()
-            spec = get_model(self.model)
-            scenes = SceneBatch(job.setup, self.num_envs, sim=self.sim, arm=self.arm)
-            factory = lambda: spec.factory(setup=get_setup(job.setup), **self.options)  # noqa: E731
-            self.batches[job.setup] = (scenes, make_members(factory(), self.num_envs, factory))
-        scenes, members = self.batches[job.setup]
-        if on_step is not None:
-            on_step()
-        records, batch = run_batch(scenes, members, job.setup, self.split, job.batch, self.tasklist, on_step=on_step)
-        return BatchResult(records, batch)
-
-    def _close_batches(self) -> None:
-        for scenes, _ in self.batches.values():
-            scenes.close()
-        self.batches.clear()
+        records, batch = rollout(scenes, members, self.split, job.try_indices(), self.tasklist, on_step=on_step,
+                                 videos=[video_path] if (job.video and video_path) else None)
+        return BatchResult(labelled(records, self.spec.name, self.spec.track, self.arm),
+                           batch if self.num_envs > 1 else None)
 
     def close(self) -> None:
-        for env in self.envs.values():
-            env.close()
-        self.envs.clear()
-        self.policy_cache.clear()
-        self._close_batches()
+        if self.scenes is not None:
+            self.scenes.close()
+        self.scenes, self.members, self._key = None, [], None
 
 
 def _worker_main(worker_id, model, split, arm, video_dir, options, num_envs, sim, jobs, results, heartbeat,
@@ -166,18 +153,15 @@ def _worker_main(worker_id, model, split, arm, video_dir, options, num_envs, sim
                 break
             video_path = os.path.join(video_dir, video_file(job)) if job.video else None
             try:
-                if job.batch:
-                    record = worker.run_batch(job, on_step=beat)
-                else:
-                    record = worker.run(job, on_step=beat, video_path=video_path)
+                result = worker.run(job, on_step=beat, video_path=video_path)
             except BadActionError as e:
-                results.put(("error", worker_id, job, f"{job.setup} try {job.try_index}: {e}"))
+                results.put(("error", worker_id, job, f"{job.setup.id} try {job.try_index}: {e}"))
                 return
             except Exception as e:  # noqa: BLE001 - the policy or the scene raised: one line naming the try
-                results.put(("error", worker_id, job, f"{job.setup} try {job.try_index}: {type(e).__name__}: {e}"
-                                                       f"\n{traceback.format_exc()}"))
+                results.put(("error", worker_id, job, f"{job.setup.id} try {job.try_index}: {type(e).__name__}: "
+                                                       f"{e}\n{traceback.format_exc()}"))
                 return
-            results.put(("record", worker_id, job, record))
+            results.put(("record", worker_id, job, result))
         worker.close()
     except Exception as e:  # noqa: BLE001 - reported to the parent as one line, with the trace for debugging
         results.put(("error", worker_id, None, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
@@ -208,8 +192,9 @@ class WorkerPool:
                              "since": 0.0}
         return wid
 
-    def run(self, jobs: list[Job], hang_record: Callable[..., dict]) -> Iterator[tuple[Job, dict]]:
-        """Yield (job, record) as tries finish, in completion order; a batch job yields a BatchResult."""
+    def run(self, jobs: list[Job], hang_record: Callable[..., object]) -> Iterator[tuple[Job, BatchResult]]:
+        """Yield (job, BatchResult) as jobs finish, in completion order. ``hang_record(job, flag)`` makes the
+        record of a try that could not finish."""
         pending = list(jobs)
         for wid in list(self.workers):
             self._feed(wid, pending)
@@ -242,7 +227,7 @@ class WorkerPool:
             if not w["proc"].is_alive():
                 self.close()
                 raise WorkerError(f"worker {wid} died (exit code {w['proc'].exitcode}) during "
-                                  f"{w['job'].setup} try {w['job'].try_index}")
+                                  f"{w['job'].setup.id} try {w['job'].try_index}")
             beat = w["heartbeat"].value
             stepping_hung = beat > 0 and now - beat > self.step_timeout_s
             setup_hung = beat == 0 and now - w["since"] > SETUP_TIMEOUT_S
@@ -252,10 +237,7 @@ class WorkerPool:
                 w["proc"].kill()
                 w["proc"].join()
                 del self.workers[wid]
-                if job.batch:
-                    yield job, BatchResult([hang_record(j, flag) for j in job.tries()], None)
-                else:
-                    yield job, hang_record(job, flag)
+                yield job, BatchResult([hang_record(j, flag) for j in job.tries()])
                 new = self._start_worker()
                 self._feed(new, pending)
 

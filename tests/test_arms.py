@@ -132,9 +132,13 @@ def test_wrist_camera(name):
 
 @pytest.mark.parametrize("name", ARM_NAMES)
 def test_scripted_reference_inserts_on_every_arm(name):
+    from env.setups import get_setup
     from eval.policies.scripted import ScriptedPolicy
-    from eval.runner import run_try
+    from eval.rollout import Scenes, run_try
 
-    with _a01(name, "state") as env:
-        rec = run_try(env, ScriptedPolicy(clearance=env.unwrapped.task_setup.clearance_m), "A01", "dev", 0)
-        assert rec["success"] and rec["flags"] == [], rec
+    scenes = Scenes(get_setup("A01"), arm=name)
+    try:
+        rec = run_try(scenes, ScriptedPolicy(clearance=scenes.setup.clearance_m), "dev", 0)
+        assert rec.success and rec.flags == (), rec
+    finally:
+        scenes.close()

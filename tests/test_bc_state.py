@@ -143,15 +143,15 @@ def test_trt_backend_without_tensorrt_is_one_line(trained, tmp_path, monkeypatch
 
 @pytest.mark.skipif(_trt_reason() is not None, reason=f"TensorRT unavailable: {_trt_reason()}")
 def test_trt_backend_matches_onnx_runtime(trained, tmp_path, monkeypatch):
-    from eval.batch import query_batch
+    from eval.policies.base import query_members
     from eval.policies.bc_state import BCStatePolicy
 
     monkeypatch.setenv("SAB_CACHE_DIR", str(tmp_path / "cache"))
     obs = {"state": _state()}
     ort, trt = BCStatePolicy(trained[0], backend="ort"), BCStatePolicy(trained[0], backend="trt")
     np.testing.assert_allclose(trt.query(obs), ort.query(obs), rtol=1e-4, atol=1e-5)
-    batch_trt, _ = query_batch([trt.spawn() for _ in range(5)], [obs] * 5)  # the dynamic batch profile
-    batch_ort, _ = query_batch([ort.spawn() for _ in range(5)], [obs] * 5)
+    batch_trt, _, _ = query_members([trt.spawn() for _ in range(5)], [obs] * 5)  # the dynamic batch profile
+    batch_ort, _, _ = query_members([ort.spawn() for _ in range(5)], [obs] * 5)
     np.testing.assert_allclose(batch_trt, batch_ort, rtol=1e-4, atol=1e-5)
 
 
@@ -233,7 +233,7 @@ def test_labeler_mode_reference_inserts_and_labels_from_the_scene():
     from env.setups import get_setup
     from env.tasklist import load
     from eval.policies.scripted import ScriptedPolicy
-    from eval.runner import observation_for
+    from eval.rollout import observation_for
 
     setup = get_setup("A03")  # 1 mm clearance
     tl = load("train")

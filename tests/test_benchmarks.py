@@ -57,6 +57,18 @@ def test_inference_quick(tmp_path):
         assert ratio["mean_ratio"] > 0 and ratio["vs"] != ratio["backend"]
 
 
+def test_octo_rollout_quick(tmp_path):
+    pytest.importorskip("jax")
+    r = _bench("octo_rollout", tmp_path)
+    rows = {(x["backend"], x["num_envs"], x["every_step_rendered"]) for x in r["rows"]}
+    assert {("jax", 1, True), ("jax", 1, False), ("jax", 2, False)} <= rows
+    for row in r["rows"]:
+        assert set(row["share"]) == {"render", "inference", "physics", "other"}
+        assert abs(sum(row["share"].values()) - 1) < 0.01 and row["wall_per_inference"] >= 1
+        assert row["steps_per_try"] == [12] * row["num_envs"] and row["queries"] == 3
+    assert r["jax_batched_vs_one_tries_per_hour"] > 0
+
+
 def test_eval_walltime_quick(tmp_path):
     r = _bench("eval_walltime", tmp_path)
     assert r["n_tries"] == 1 and r["successes"] == 1 and r["wall_s"] > 0 and r["tries_per_s"] > 0

@@ -150,7 +150,7 @@ def test_gripper_closed_is_not_released(a01_env):
 
 def test_block_held_by_the_fingers_inside_the_hole_is_not_success(a01_env):
     from eval.policies.scripted import ScriptedPolicy
-    from eval.runner import observation_for
+    from eval.rollout import observation_for
 
     policy = ScriptedPolicy()
     obs, _ = a01_env.reset(seed=0, options={"start": _start("square")})

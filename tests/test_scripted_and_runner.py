@@ -9,24 +9,24 @@ from pathlib import Path
 
 import pytest
 
-from env import make_env
+from env.setups import get_setup
 from eval.policies.scripted import ScriptedPolicy
-from eval.runner import STAGES, run_try
+from eval.rollout import STAGES, Scenes, run_try
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("setup_id,tries", [("A01", 3), ("A04", 1)])
 def test_scripted_inserts_the_block(setup_id, tries):
-    env = make_env(setup_id, obs_mode="state")
+    scenes = Scenes(get_setup(setup_id))
     try:
         for t in range(tries):
-            rec = run_try(env, ScriptedPolicy(clearance=env.unwrapped.task_setup.clearance_m), setup_id, "dev", t)
+            rec = run_try(scenes, ScriptedPolicy(clearance=scenes.setup.clearance_m), "dev", t).to_json()
             assert rec["success"], rec
             assert rec["flags"] == [], rec
             assert rec["steps"] < 300 and rec["infer_queries"] == rec["steps"]
     finally:
-        env.close()
+        scenes.close()
 
 
 def test_a_try_does_not_depend_on_the_tries_before_it():
@@ -35,14 +35,14 @@ def test_a_try_does_not_depend_on_the_tries_before_it():
     from env.tasklist import load
 
     tasklist = load("test")
-    env = make_env("C02", obs_mode="state")
+    scenes = Scenes(get_setup("C02"))
     try:
-        policy = ScriptedPolicy(clearance=env.unwrapped.task_setup.clearance_m)
-        alone = run_try(env, policy, "C02", "test", 34, tasklist=tasklist)
-        run_try(env, policy, "C02", "test", 33, tasklist=tasklist)
-        after = run_try(env, policy, "C02", "test", 34, tasklist=tasklist)
+        policy = ScriptedPolicy(clearance=scenes.setup.clearance_m)
+        alone = run_try(scenes, policy, "test", 34, tasklist=tasklist).to_json()
+        run_try(scenes, policy, "test", 33, tasklist=tasklist)
+        after = run_try(scenes, policy, "test", 34, tasklist=tasklist).to_json()
     finally:
-        env.close()
+        scenes.close()
     timing = {"wall_s", "infer_ms", "infer_ms_mean", "infer_ms_p99", "warmup_ms", "step_ms"}
     assert {k: v for k, v in alone.items() if k not in timing} == {k: v for k, v in after.items() if k not in timing}
     assert len(alone["warmup_ms"]) + len(alone["infer_ms"]) == alone["infer_queries"] == alone["steps"]

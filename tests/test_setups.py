@@ -13,7 +13,7 @@ from env.setups import SCORED_IDS, SETUPS, get_setup, resolve_setups
 from env.starts import StartState
 from env.tasklist import load
 from eval.policies.scripted import ScriptedPolicy
-from eval.runner import observation_for
+from eval.rollout import observation_for
 
 HOLD = np.array([0, 0, 0, 0, 0, 0, 1], dtype=np.float32)
 

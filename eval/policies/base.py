@@ -16,13 +16,17 @@ from __future__ import annotations
 import abc
 import time
 from contextlib import contextmanager
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 TRACKS = ("reference", "sanity", "frozen", "adapted")
 ACTION_DIM = 7  # end-effector delta xyz, delta roll-pitch-yaw, gripper (+1 open, -1 close)
 ACTION_BOUND = 1.0  # the controller's normalised range is [-1, 1] in every component; it clips the rest
+# the arm held still with the gripper open: what the hold policy sends, what scenes whose try has ended are
+# stepped with while the others of their batch go on, and the "last action" before a try's first
+HOLD_ACTION = np.array([0, 0, 0, 0, 0, 0, 1], dtype=np.float32)
+HOLD_ACTION.setflags(write=False)
 
 
 class BadActionError(RuntimeError):
@@ -47,10 +51,11 @@ class Policy(abc.ABC):
     weights_sha256: str | None = None  # of the weights file a learned policy loaded: records name it
     warmup_queries: int = 3
     queries: int = 0
-    # batchable policies split a query into encode (observation -> runner feeds with a batch axis of 1),
-    # one ``self.runner.infer`` and decode (row i of the outputs -> action), so that the scenes of a
-    # GPU-parallel batch (eval.batch) share one runner call; ``spawn`` gives a policy for another scene
-    # that shares the runner and weights
+    # batchable policies split a query into encode (observation -> runner feeds with a batch axis of 1, or None
+    # when this step's action needs no model call, e.g. served from a predicted chunk), one ``infer`` for the
+    # stacked feeds of every scene that needs one, and decode (row i of the outputs, or None -> action), so
+    # that the scenes of a batch (eval.rollout) share one model call; ``spawn`` gives a policy for another
+    # scene that shares the runner and weights
     batchable: bool = False
 
     def __init__(self) -> None:
@@ -71,25 +76,82 @@ class Policy(abc.ABC):
     def reset(self, instruction: str, seed: int | None = None) -> None:
         """Start a new try; ``seed`` seeds any randomness of the policy for this try."""
 
-    @abc.abstractmethod
     def act(self, observation: Mapping[str, Any]) -> np.ndarray:
-        """Return one normalised action of shape (7,) in [-1, 1]."""
+        """Return one normalised action of shape (7,) in [-1, 1]. Batchable policies need not define it."""
+        if not self.batchable:
+            raise NotImplementedError(f"{self.name} defines neither act nor encode/infer/decode")
+        feeds = self.encode(observation)
+        return self.decode(None if feeds is None else self.infer(feeds), 0)
 
-    def query(self, observation: Mapping[str, Any]) -> np.ndarray:
-        """Timed, checked call of :meth:`act`."""
-        self.stage_ms = {}
-        t0 = time.perf_counter()
-        action = self.act(observation)
-        ms = (time.perf_counter() - t0) * 1e3
+    def reads_observation(self, step: int) -> bool:
+        """Whether the observation of control step ``step`` of a try (0: the one after reset) is read. The
+        rollout renders the cameras only for steps some policy reads; the others get no images."""
+        return True
+
+    def prepare_batch(self, n: int) -> None:
+        """Called once before a rollout of ``n`` scenes: compile or warm the model for that batch (untimed)."""
+
+    def record_latency(self, ms: float) -> None:
+        """One query's time: warm-up for the first ``warmup_queries`` of this object, latency after."""
         (self.warmup_ms if self.queries < self.warmup_queries else self.latencies_ms).append(ms)
         self.queries += 1
-        return check_action(self.name, action)
 
-    def encode(self, observation: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def query(self, observation: Mapping[str, Any]) -> np.ndarray:
+        """Timed, checked action for one scene (a batch of one, as the rollout asks a batch)."""
+        actions, _, ran = query_members([self], [observation])
+        return actions[0]
+
+    def encode(self, observation: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
         raise NotImplementedError(f"{self.name} is not batchable")
 
-    def decode(self, outputs: Mapping[str, np.ndarray], row: int) -> np.ndarray:
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        """One model call for stacked feeds (batch first); by default the policy's runner."""
+        return self.runner.infer(feeds)
+
+    def decode(self, outputs: Mapping[str, np.ndarray] | None, row: int) -> np.ndarray:
         raise NotImplementedError(f"{self.name} is not batchable")
 
     def spawn(self) -> "Policy":
         raise NotImplementedError(f"{self.name} is not batchable")
+
+
+def query_members(members: Sequence[Policy], observations: Sequence[Mapping[str, Any]]
+                  ) -> tuple[np.ndarray, dict[str, float], list[bool]]:
+    """Actions (n, 7) of n scenes' policies, the query's stage times (ms), and which members ran the model.
+
+    Batchable policies (all of one kind, sharing a runner) make one model call for the scenes that need one;
+    others are asked scene by scene. A member's latency is recorded for the queries it ran the model in:
+    the whole query's time (for a batch, the batched call's, shared by its rows)."""
+    lead = members[0]
+    if not lead.batchable:
+        actions, stage = [], {}
+        for m, o in zip(members, observations):
+            m.stage_ms = {}
+            t0 = time.perf_counter()
+            action = m.act(o)
+            m.record_latency((time.perf_counter() - t0) * 1e3)
+            actions.append(check_action(m.name, action))
+            for k, v in m.stage_ms.items():
+                stage[k] = stage.get(k, 0.0) + v
+        return np.stack(actions), stage, [True] * len(members)
+    lead.stage_ms = {}
+    t0 = time.perf_counter()
+    with lead.stage("preprocess"):
+        parts = [m.encode(o) for m, o in zip(members, observations)]
+    ran = [p is not None for p in parts]
+    outputs, rows = None, {}
+    if any(ran):
+        with lead.stage("preprocess"):
+            rows = {i: r for r, i in enumerate(i for i, p in enumerate(parts) if p is not None)}
+            used = [p for p in parts if p is not None]
+            feeds = {k: np.concatenate([p[k] for p in used]) if len(used) > 1 else used[0][k] for k in used[0]}
+        with lead.stage("inference"):
+            outputs = lead.infer(feeds)
+    with lead.stage("postprocess"):
+        actions = [check_action(lead.name, m.decode(outputs if i in rows else None, rows.get(i, -1)))
+                   for i, m in enumerate(members)]
+    ms = (time.perf_counter() - t0) * 1e3
+    for m, r in zip(members, ran):
+        if r:
+            m.record_latency(ms)
+    return np.stack(actions), dict(lead.stage_ms), ran

@@ -99,11 +99,3 @@ class BCStatePolicy(Policy):
         other.history = ActionHistory()
         other.latencies_ms, other.warmup_ms, other.stage_ms, other.queries = [], [], {}, 0
         return other
-
-    def act(self, observation: Mapping[str, Any]) -> np.ndarray:
-        with self.stage("preprocess"):
-            feeds = self.encode(observation)
-        with self.stage("inference"):
-            outputs = self.runner.infer(feeds)
-        with self.stage("postprocess"):
-            return self.decode(outputs, 0)

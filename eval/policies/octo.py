@@ -47,9 +47,17 @@ noise of every query is drawn from the try's key in JAX for all backends, so
 equal seeds give the same actions on every backend (to float rounding). The
 instruction embedding (T5) always runs in JAX, once per instruction.
 
-Latency: :meth:`OctoPolicy.query` records a time only for the steps that ran
-the model, so the records' ``infer_ms_*`` are milliseconds per model query.
-The first reset compiles the model (untimed).
+Batches and rendering: the policy is batchable (``encode`` / ``infer`` /
+``decode``): the scenes of a rollout that query on the same step share one
+model call, and a step served from the chunk makes none. It reads the cameras
+only on the steps of its history window before each query
+(:meth:`OctoPolicy.reads_observation`), so the rollout renders half of a try's
+steps at the default horizon.
+
+Latency: a time is recorded only for the steps that ran the model, so the
+records' ``infer_ms_*`` are milliseconds per model query. The first reset
+compiles the model (untimed), and a rollout of N scenes compiles its batch
+sizes first (``prepare_batch``).
 
 With ``random_weights`` the policy's ``note`` is "random weights: latency
 only, success meaningless"; reports should carry it.
@@ -57,6 +65,7 @@ only, success meaningless"; reports should carry it.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import deque
 from typing import Any, Mapping
@@ -175,6 +184,7 @@ class OctoPolicy(Policy):
 
     track = "frozen"
     observes = "cameras"
+    batchable = True
     backend = "jax"
 
     def __init__(self, model: str = "octo-small", checkpoint: str | None = None, random_weights: bool = False,
@@ -223,7 +233,7 @@ class OctoPolicy(Policy):
         self._num_obs = 0
         self._queue: list[np.ndarray] = []
         self._chunks: deque = deque(maxlen=horizon)
-        self._ran_model = False
+        self._warm_batches: set[int] = set()  # batch sizes compiled (JAX) or run once (graphs)
         self.last_chunk: np.ndarray | None = None  # unnormalised Octo actions of the last query (horizon, dim)
 
     # ------------------------------------------------------------ Policy interface
@@ -240,38 +250,79 @@ class OctoPolicy(Policy):
         self._queue = []
         self._chunks.clear()
 
-    def act(self, observation: Mapping[str, Any]) -> np.ndarray:
+    def reads_observation(self, step: int) -> bool:
+        """The frames of the history window of every query step: with a window of 2 and chunks of 4, steps
+        3, 4, 7, 8, ... (and 0), half of a try's steps; every step with temporal ensembling."""
+        return self.temporal_ensembling or (-step) % self.exec_horizon < self.cfg.window
+
+    def encode(self, observation: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
+        """Take the step's frames into the history; the model's feeds (batch of one) on a query step, else None
+        (the action comes from the last chunk). A step the rollout did not render has ``images`` None."""
         if self._lang is None:
-            raise RuntimeError("OctoPolicy.act before reset")
-        self._ran_model = False
-        with self.stage("preprocess"):  # resize and crop the camera frames
-            frame = self._frame(observation)
+            raise RuntimeError("OctoPolicy queried before reset")
+        frame = None if observation.get("images") is None else self._frame(observation)
         if self._num_obs == 0:
+            if frame is None:
+                raise RuntimeError("Octo's first observation of a try has no images")
             self._history.extend([frame] * self.cfg.window)
         else:
             self._history.append(frame)
         self._num_obs += 1
-        if self.temporal_ensembling:
-            self._chunks.append(self._query())
-            n = len(self._chunks)
-            preds = np.stack([chunk[i] for i, chunk in zip(range(n - 1, -1, -1), self._chunks)])
-            return octo_to_scene(preds.mean(axis=0))
-        if not self._queue:
-            chunk = self._query()
+        if self._queue and not self.temporal_ensembling:
+            return None
+        import jax
+
+        images, masks = self.model_inputs()
+        self._rng, key = jax.random.split(self._rng)
+        init, steps = self.engine.draw_noise(key)  # the draws predict(rng=key) makes
+        feeds = {f"image_{c.name}": img for c, img in zip(self.cfg.cameras, images)}
+        # batch first, as every feed: (1, diffusion_steps, flat)
+        return {**feeds, "masks": masks, "lang": self._lang, "init_noise": init, "step_noise": np.swapaxes(steps, 0, 1)}
+
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Normalised chunks (B, horizon, dim) for stacked feeds. JAX compiles once per batch size, so a batch
+        is padded to the next power of two (row results do not depend on the padding rows)."""
+        b = feeds["masks"].shape[0]
+        pad = _padded(b) - b if self.graphs is None else 0
+        if pad:
+            feeds = {k: np.concatenate([v, np.repeat(v[:1], pad, axis=0)]) for k, v in feeds.items()}
+        images = [feeds[f"image_{c.name}"] for c in self.cfg.cameras]
+        noise = (feeds["init_noise"], np.swapaxes(feeds["step_noise"], 0, 1))
+        if self.graphs is None:
+            normalized = self.engine.predict(images, feeds["masks"], feeds["lang"], noise=noise)
+        else:
+            normalized = self.graphs.predict(images, feeds["masks"], feeds["lang"], noise)
+        return {"actions": np.asarray(normalized)[:b]}
+
+    def decode(self, outputs: Mapping[str, np.ndarray] | None, row: int) -> np.ndarray:
+        if outputs is not None:
+            chunk = self.engine.unnormalize(outputs["actions"][row], self.unnorm_key)
+            self.last_chunk = chunk
+            self.model_queries += 1
+            if self.temporal_ensembling:
+                self._chunks.append(chunk)
+                n = len(self._chunks)
+                preds = np.stack([c[i] for i, c in zip(range(n - 1, -1, -1), self._chunks)])
+                return octo_to_scene(preds.mean(axis=0))
             self._queue = [octo_to_scene(a) for a in chunk[: self.exec_horizon]]
         return self._queue.pop(0)
 
-    def query(self, observation: Mapping[str, Any]) -> np.ndarray:
-        """As :meth:`Policy.query`, but a time is kept (as latency or warm-up) only for steps that ran the
-        model; a step served from the chunk leaves no record and does not count as a query."""
-        n_lat, n_warm, n_queries = len(self.latencies_ms), len(getattr(self, "warmup_ms", ())), getattr(self, "queries", 0)
-        action = super().query(observation)
-        if not self._ran_model:
-            del self.latencies_ms[n_lat:]
-            if hasattr(self, "warmup_ms"):
-                del self.warmup_ms[n_warm:]
-            self.queries = n_queries
-        return action
+    def spawn(self) -> "OctoPolicy":
+        """A policy for another scene: the same engine and graphs, its own history, chunk and latencies."""
+        other = copy.copy(self)
+        other._history = deque(maxlen=self.cfg.window)
+        other._chunks = deque(maxlen=self.cfg.action_horizon)
+        other._queue, other._num_obs, other._lang, other._rng, other.last_chunk = [], 0, None, None, None
+        other.latencies_ms, other.warmup_ms, other.stage_ms, other.queries, other.model_queries = [], [], {}, 0, 0
+        return other
+
+    def prepare_batch(self, n: int) -> None:
+        """Compile (JAX: every padded batch size up to n) or run once (ONNX Runtime, TensorRT) for n scenes."""
+        sizes = sorted({_padded(b) for b in range(1, n + 1)}) if self.graphs is None else [n]
+        for b in sizes:
+            if b not in self._warm_batches:
+                self.infer(self._blank_feeds(b))
+                self._warm_batches.add(b)
 
     # ------------------------------------------------------------ internals
     def _frame(self, observation: Mapping[str, Any]) -> dict[str, tuple[np.ndarray, float]]:
@@ -290,6 +341,8 @@ class OctoPolicy(Policy):
         """Images (one (1, W, H, W, 3) per camera) and masks (1, W, 1 + cameras) of the current history."""
         w = self.cfg.window
         hist = list(self._history)
+        if any(f is None for f in hist):
+            raise RuntimeError("a frame of Octo's history window was not rendered (reads_observation is wrong)")
         images = [np.stack([f[c.name][0] for f in hist])[None] for c in self.cfg.cameras]
         masks = np.zeros((1, w, 1 + len(self.cfg.cameras)), np.float32)
         pad = w - min(self._num_obs, w)
@@ -298,33 +351,21 @@ class OctoPolicy(Policy):
             masks[0, :, 1 + k] = [f[c.name][1] for f in hist]
         return images, masks
 
+    def _blank_feeds(self, batch: int) -> dict[str, np.ndarray]:
+        import jax
+
+        images, masks, lang = self.engine.blank_inputs(batch)
+        init, steps = self.engine.draw_noise(jax.random.PRNGKey(0), batch)
+        feeds = {f"image_{c.name}": img for c, img in zip(self.cfg.cameras, images)}
+        return {**feeds, "masks": masks, "lang": lang, "init_noise": init, "step_noise": np.swapaxes(steps, 0, 1)}
+
     def _warmup(self) -> None:
-        """Compile (JAX) or load and run once (ONNX Runtime, TensorRT), untimed."""
-        if self.graphs is None:
-            self.engine.warmup()
-            return
-        import jax
+        """Compile (JAX) or load and run once (ONNX Runtime, TensorRT) the query of one scene, untimed."""
+        self.prepare_batch(1)
 
-        images, masks, lang = self.engine.blank_inputs()
-        self.graphs.predict(images, masks, lang, self.engine.draw_noise(jax.random.PRNGKey(0)))
 
-    def _query(self) -> np.ndarray:
-        import jax
-
-        with self.stage("preprocess"):
-            images, masks = self.model_inputs()
-            self._rng, key = jax.random.split(self._rng)
-        with self.stage("inference"):
-            if self.graphs is None:
-                normalized = self.engine.predict(images, masks, self._lang, rng=key)[0]
-            else:  # the same draws predict(rng=key) makes, given to the graphs as inputs
-                normalized = self.graphs.predict(images, masks, self._lang, self.engine.draw_noise(key))[0]
-        with self.stage("postprocess"):
-            chunk = self.engine.unnormalize(normalized, self.unnorm_key)
-        self.last_chunk = chunk
-        self.model_queries += 1
-        self._ran_model = True
-        return chunk
+def _padded(b: int) -> int:
+    return 1 << (b - 1).bit_length()
 
 
 def octo_graphs(engine, backend: str):

@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from eval.policies.base import ACTION_DIM, Policy
+from eval.policies.base import ACTION_DIM, HOLD_ACTION, Policy
 
 
 class RandomPolicy(Policy):
@@ -40,6 +40,4 @@ class HoldPolicy(Policy):
         pass
 
     def act(self, observation: Mapping[str, Any]) -> np.ndarray:
-        a = np.zeros(ACTION_DIM, dtype=np.float32)
-        a[-1] = 1.0
-        return a
+        return HOLD_ACTION.copy()

@@ -1,0 +1,127 @@
+"""One octo-small try on this machine through the one rollout loop: N = 1 and N = 4 scenes, JAX and ONNX
+Runtime, the try's wall time and its shares (render, inference, physics, other), all in one run.
+
+    python -m benchmarks.octo_rollout            # octo-small, random weights, A01 dev tries, 300 steps
+    python -m benchmarks.octo_rollout --quick    # the tiny test model, 12 steps: checks the benchmark runs
+
+Targets (issue 18): a try's wall time <= 1.8x its own inference time (stretch 1.5x); render share <= 35%;
+N = 4 gives at least the tries/hour of N = 1. The row ``jax, N = 1, every step rendered`` is the loop as it
+was before rendering followed what the policy reads, measured in the same run.
+
+Random weights: the actions are meaningless, the tries run to the step limit (300 steps, 75 queries at the
+default chunk of 4), which is the frozen track's worst case and the same work for every row.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from benchmarks.common import BenchmarkError, machine, parser, print_table, progress, run_main, write_result
+
+NAME = "octo_rollout"
+MODULE = "benchmarks.octo_rollout"
+SETUP = "A01"
+SPLIT = "dev"
+WALL_PER_INFERENCE_TARGET = 1.8
+WALL_PER_INFERENCE_STRETCH = 1.5
+RENDER_SHARE_TARGET = 0.35
+SHARES = ("render", "inference", "physics", "other")
+
+
+def _policy_factory(backend: str, quick: bool):
+    from eval.policies.octo import OctoPolicy
+
+    if quick:
+        from engines.octo.testing import tiny_engine
+
+        engine = tiny_engine(seed=1)
+        return lambda: OctoPolicy(engine=engine, backend=backend)
+    return lambda: OctoPolicy(model="octo-small", random_weights=True, backend=backend)
+
+
+def measure(backend: str, num_envs: int, quick: bool, every_step: bool = False) -> dict:
+    """One rollout of ``num_envs`` tries of A01 on as many CPU scenes; its wall time and stage shares."""
+    from env.setups import get_setup
+    from eval.rollout import Scenes, make_members, rollout
+
+    setup = get_setup(SETUP)
+    factory = _policy_factory(backend, quick)
+    members = make_members(factory(), num_envs, factory)
+    if every_step:
+        for m in members:
+            m.reads_observation = lambda step: True  # the loop as it was: every step rendered
+    scenes = Scenes(setup, num_envs, cameras=True, max_steps=12 if quick else None)
+    try:
+        records, batch = rollout(scenes, members, SPLIT, list(range(num_envs)))
+    finally:
+        scenes.close()
+    stages = {k: sum(r.step_ms[k] for r in records) / 1e3 for k in records[0].step_ms}  # s, all tries
+    total = sum(stages.values())
+    grouped = {"render": stages["render"], "inference": stages["inference"], "physics": stages["physics"],
+               "other": total - stages["render"] - stages["inference"] - stages["physics"]}
+    wall = batch["wall_s"]
+    return {
+        "backend": backend, "num_envs": num_envs, "every_step_rendered": every_step, "tries": len(records),
+        "steps_per_try": [r.steps for r in records], "queries": len(batch["query_ms"]) + len(batch["warmup_ms"]),
+        "wall_s": round(wall, 2), "try_wall_s": round(wall / num_envs, 2),
+        "tries_per_hour": round(3600 * num_envs / wall, 1),
+        "stage_s": {k: round(v, 2) for k, v in stages.items()},
+        "share": {k: round(v / total, 3) for k, v in grouped.items()},
+        "wall_per_inference": round(total / stages["inference"], 2),
+        "query_ms_p50": _p50(batch["query_ms"]),
+        "image_bytes_per_step": batch["image_bytes_per_step"],
+    }
+
+
+def _p50(xs):
+    import numpy as np
+
+    return round(float(np.percentile(xs, 50)), 1) if xs else None
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    ap = parser(MODULE, __doc__.split("\n\n")[0])
+    ap.add_argument("--backends", default="jax,ort", help="comma-separated: jax, ort (default both)")
+    args = ap.parse_args(argv)
+    backends = [b for b in args.backends.split(",") if b]
+    if not backends or set(backends) - {"jax", "ort"}:
+        raise BenchmarkError(f"--backends takes jax and/or ort, got {args.backends!r}")
+    from engines.optional import require
+
+    for module in ("jax", "flax"):
+        require(module, "jax")
+    if "ort" in backends:
+        require("onnxruntime", "export")
+    mach = machine()
+    cases = [("jax", 1, True)] if "jax" in backends else []
+    cases += [(b, n, False) for b in backends for n in ((1, 2) if args.quick else (1, 4))]
+    rows = []
+    t0 = time.monotonic()
+    for backend, n, every in progress(cases, desc="rollouts", disable=args.no_progress):
+        rows.append(measure(backend, n, args.quick, every_step=every))
+    results = {"setup": SETUP, "split": SPLIT, "model": "octo-tiny (test)" if args.quick else "octo-small",
+               "weights": "random", "rows": rows, "wall_s": round(time.monotonic() - t0, 1),
+               "targets": {"wall_per_inference": WALL_PER_INFERENCE_TARGET,
+                           "wall_per_inference_stretch": WALL_PER_INFERENCE_STRETCH,
+                           "render_share": RENDER_SHARE_TARGET, "n4_vs_n1_tries_per_hour": 1.0}}
+    for b in backends:
+        one = next(r for r in rows if r["backend"] == b and r["num_envs"] == 1 and not r["every_step_rendered"])
+        many = next(r for r in rows if r["backend"] == b and r["num_envs"] > 1)
+        results[f"{b}_batched_vs_one_tries_per_hour"] = round(many["tries_per_hour"] / one["tries_per_hour"], 3)
+    print_table(f"one {results['model']} try on {mach['cpu']}", [
+        "backend", "N", "rendered", "try wall s", "tries/h", "wall/inference", "render", "inference", "physics",
+        "other", "query p50 ms"], [
+        [r["backend"], r["num_envs"], "every step" if r["every_step_rendered"] else "read steps", r["try_wall_s"],
+         r["tries_per_hour"], r["wall_per_inference"], *(r["share"][k] for k in SHARES), r["query_ms_p50"]]
+        for r in rows])
+    write_result(NAME, args.out_dir, MODULE, argv, args.quick, results, mach)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_main(_main, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

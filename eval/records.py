@@ -1,0 +1,105 @@
+"""The record of one try (one line of ``tries.jsonl``), typed, written in one place.
+
+:class:`TryRecord` is what the rollout returns for a finished try and what the executors return for a try
+that could not finish (the watchdog stopped it, or its Ray actor died twice): ``finished=False``, failed,
+with the flag saying why. :meth:`TryRecord.to_json` gives the JSON object a run appends; its keys are those
+of record version 2, so files written before this class existed read the same.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from env.predicate import SUCCESS_PREDICATE_VERSION
+from env.setups import CONTROL_DT_S
+
+RECORD_VERSION = 2  # v2: success predicate v2, success_raw beside the scored success
+
+
+@functools.lru_cache(maxsize=1)
+def machine_info() -> dict[str, str]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": str(os.cpu_count()), "os": platform.platform(), "python": platform.python_version()}
+
+
+def _sig3(values) -> list[float]:
+    return [float(f"{x:.3g}") for x in values]  # 3 significant digits: enough for run percentiles
+
+
+@dataclass(frozen=True)
+class TryRecord:
+    setup: str
+    try_index: int
+    seed: int
+    split: str
+    disturbance: str | None  # the setup's disturbance (None: none)
+    tasklist_sha256: str | None
+    success: bool = False  # scored: the predicate held and no vetoing flag was raised
+    success_raw: bool = False  # the predicate's own verdict (a vetoed try has True here, False above)
+    flags: tuple[str, ...] = ()
+    finished: bool = True  # False: stopped by the watchdog or lost with its actor (see the flags)
+    target: Any = None  # the start's target block (its shape, or "all" on the full board)
+    max_plate_overlap_mm: float = 0.0  # deepest plate overlap of the try
+    max_free_energy_gain_mj: float = 0.0  # most kinetic energy a block gained untouched
+    steps: int | None = None
+    # actions with a component outside the controller's [-1, 1], which it clips (ManiSkill's normalised
+    # end-effector controller): a policy that saturates or emits nonsense shows here
+    actions_clipped: int = 0
+    blocks_inserted: int = 0
+    disturbance_step: int | None = None  # the control step the setup's disturbance fired at (None: not fired)
+    backend: str | None = None
+    weights_sha256: str | None = None
+    note: str | None = None
+    wall_s: float = 0.0
+    infer_ms: tuple[float, ...] = ()  # every query after warm-up (empty for batched scenes: see batches.jsonl)
+    warmup_ms: tuple[float, ...] = ()  # a fresh policy's first queries
+    infer_queries: int = 0  # all queries, warm-up included
+    step_ms: dict[str, float] = field(default_factory=dict)  # per-stage totals of the try's control steps
+    num_envs: int = 1  # scenes stepped together (written when more than one)
+    model: str | None = None
+    track: str | None = None
+    arm: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "v": RECORD_VERSION, "setup": self.setup, "try": self.try_index, "seed": self.seed, "split": self.split,
+            "predicate": SUCCESS_PREDICATE_VERSION, "success": self.success, "success_raw": self.success_raw,
+            "flags": sorted(self.flags), "dropped": "dropped" in self.flags, "steps": self.steps,
+            "time_s": round(self.steps * CONTROL_DT_S, 3) if self.steps is not None else None,
+            "disturbance": self.disturbance, "disturbance_fired": self.disturbance_step is not None,
+            "tasklist_sha256": self.tasklist_sha256, "machine": machine_info(), "infer_queries": self.infer_queries,
+            "infer_ms": _sig3(self.infer_ms),
+            "infer_ms_mean": round(float(np.mean(self.infer_ms)), 4) if self.infer_ms else None,
+        }
+        if self.finished:
+            d.update({
+                "target": self.target,
+                "max_plate_overlap_mm": round(self.max_plate_overlap_mm, 3),
+                "max_free_energy_gain_mj": round(self.max_free_energy_gain_mj, 3),
+                "actions_clipped": self.actions_clipped, "blocks_inserted": self.blocks_inserted,
+                "disturbance_step": self.disturbance_step, "backend": self.backend,
+                "weights_sha256": self.weights_sha256, "note": self.note, "wall_s": round(self.wall_s, 3),
+                "infer_ms_p99": round(float(np.percentile(self.infer_ms, 99)), 4) if self.infer_ms else None,
+                "warmup_ms": _sig3(self.warmup_ms),
+                "step_ms": {k: round(v, 3) for k, v in self.step_ms.items()},
+            })
+        if self.num_envs > 1:
+            d["num_envs"] = self.num_envs
+        for key in ("model", "track", "arm"):
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
+        return d
