@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engines.backends import rel_err
+
 # fp32 engines are built with TF32 off (engines.trt), so they should match ORT closely; fp16 within a few %
 TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}
 
@@ -35,10 +37,6 @@ class CheckConfig:
     warmup: int = 10
     dry_run: bool = False
     octo_checkpoint: str | None = None
-
-
-def rel_err(a, ref) -> float:
-    return float(np.max(np.abs(np.asarray(a, np.float64) - ref)) / max(float(np.max(np.abs(ref))), 1e-12))
 
 
 def stats(ms: list[float]) -> dict:

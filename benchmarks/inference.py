@@ -56,7 +56,7 @@ def _state_observation():
     from env import make_env
     from env.tasklist import load
     from eval.rollout import observation_for
-    from eval.state_features import ActionHistory, policy_input
+    from eval.training.state_features import ActionHistory, policy_input
 
     tasklist = load("dev")
     env = make_env("A01", obs_mode="state")

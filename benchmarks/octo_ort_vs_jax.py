@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engines.backends import rel_err
+
 OUT = Path("results/benchmarks/octo_ort_vs_jax.json")
 TARGET_MS = 250.0
 
@@ -83,10 +85,6 @@ def timed(fn, n: int, warmup: int) -> tuple[list[float], float]:
         fn()
         out.append((time.perf_counter() - t0) * 1e3)
     return out, (time.process_time() - c0) * 1e3 / n
-
-
-def rel_err(a, ref) -> float:
-    return float(np.max(np.abs(np.asarray(a) - ref)) / max(float(np.max(np.abs(ref))), 1e-12))
 
 
 # ------------------------------------------------------------------ the benchmark

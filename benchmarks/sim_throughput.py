@@ -8,7 +8,7 @@ the same try in alternating order. Overhead = runner ms per step / bare ms per s
 runner adds (observation assembly, the query's timing and checks, the step profiler, flag
 bookkeeping). The runner's own per-stage profile (``step_ms`` of the record) says where the time goes.
 
-Workers: the same list of scripted tries through ``eval.workers.WorkerPool`` with 1 and with 2 workers;
+Workers: the same list of scripted tries through ``eval.executors.local.WorkerPool`` with 1 and with 2 workers;
 each pool first runs one untimed try per worker (start-up: imports, first scene), then the timed tries.
 
     python -m benchmarks.sim_throughput              # the full run (minutes, a quiet machine)
@@ -115,7 +115,7 @@ def steps_part(setups: list[str], tries: int, repeats: int, max_steps: int | Non
 
 def _pool_run(n_workers: int, jobs, warm_jobs) -> dict:
     from eval.records import TryRecord
-    from eval.workers import WorkerPool
+    from eval.executors.local import WorkerPool
 
     def hung(job, flag):  # only reached if a scripted step hangs: counted, never expected
         return TryRecord(setup=job.setup.id, try_index=job.try_index, seed=0, split=SPLIT, disturbance=None,
@@ -143,7 +143,7 @@ def _pool_run(n_workers: int, jobs, warm_jobs) -> dict:
 
 def workers_part(setups: list[str], tries: int, show: bool, mach: dict) -> dict:
     from env.setups import get_setup
-    from eval.workers import Job
+    from eval.executors import Job
 
     jobs = [Job(get_setup(s), t) for s in setups for t in range(tries)]  # eval.run's order: setup by setup
     runs = {}

@@ -7,9 +7,11 @@ Models, written here so that they load their files unchanged:
   functions, ready for ONNX export;
 - :mod:`engines.bc_mlp`: the bc-state MLP (safetensors, strict loading).
 
-Exports and backends: :mod:`engines.onnx_utils` (checks and metadata of ONNX
-files), :mod:`engines.trt` (TensorRT engines with a strict cache),
-:mod:`engines.runners` (ONNX Runtime and in-process callables behind one interface),
+Exports and backends: :mod:`engines.backends` (the one factory from an ONNX
+graph and a backend spec to a runner, and where exports and engines are
+cached), :mod:`engines.onnx_utils` (checks and metadata of ONNX files),
+:mod:`engines.trt` (TensorRT engines with a strict cache), :mod:`engines.runners`
+(ONNX Runtime, TensorRT, JAX and in-process callables behind one interface),
 :mod:`engines.build` (``make engines``). :mod:`engines.optional` names the
 optional dependencies and how to install each; every module imports on a
 CPU-only machine.

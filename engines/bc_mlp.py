@@ -1,4 +1,4 @@
-"""bc-state: an MLP from the 40-number input (eval.state_features) to the 7-D normalised action.
+"""bc-state: an MLP from the 40-number input (eval.training.state_features) to the 7-D normalised action.
 
 Weights and the observation normalisation live in one safetensors file; its
 metadata holds the format tag and the architecture, so a file that does not
@@ -78,7 +78,7 @@ def load(path: str | Path = DEFAULT_WEIGHTS):
 
     path = Path(path)
     if not path.is_file():
-        raise BadCheckpointError(f"bc-state weights {path} do not exist; train them with: python -m eval.train_bc")
+        raise BadCheckpointError(f"bc-state weights {path} do not exist; train them with: python -m eval.training.train_bc")
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
@@ -91,7 +91,7 @@ def load(path: str | Path = DEFAULT_WEIGHTS):
         cfg_dict = json.loads(meta["config"])
     except KeyError:
         raise BadCheckpointError(f"{path} has no 'config' metadata (it records the network's shape): save "
-                                 f"checkpoints with eval.train_bc") from None
+                                 f"checkpoints with eval.training.train_bc") from None
     except ValueError as e:
         raise BadCheckpointError(f"{path}: its 'config' metadata is not JSON ({e})") from None
     try:

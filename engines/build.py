@@ -25,7 +25,7 @@ def _bc_state_onnx(out: Path, args) -> list[tuple[str, Path, str]]:
     from engines.onnx_utils import sha256_file
 
     if not DEFAULT_WEIGHTS.exists():
-        raise Skipped(f"no weights at {DEFAULT_WEIGHTS}; train them with: python -m eval.train_bc")
+        raise Skipped(f"no weights at {DEFAULT_WEIGHTS}; train them with: python -m eval.training.train_bc")
     model, config, _ = load(DEFAULT_WEIGHTS)
     path = export_onnx(model, config, out / "bc_state.onnx", source=f"{DEFAULT_WEIGHTS.name} sha256 "
                        f"{sha256_file(DEFAULT_WEIGHTS)[:16]}")

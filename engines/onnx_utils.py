@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 from engines.optional import require
+from env.cache import cache_root  # noqa: F401 - where exports and engines are cached
 
 
 class BadModelFileError(ValueError):
     """A model file is missing, truncated, corrupt or not what was expected (one line)."""
-
-
-def cache_root() -> Path:
-    """Where exports and engines built on first use are cached: $SAB_CACHE_DIR, else ~/.cache/shape_assembly_bench."""
-    return Path(os.environ.get("SAB_CACHE_DIR") or Path.home() / ".cache" / "shape_assembly_bench")
 
 
 def sha256_file(path: str | Path) -> str:

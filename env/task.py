@@ -71,6 +71,7 @@ from mani_skill.utils.structs.pose import Pose
 from mani_skill.utils.structs.types import SceneConfig, SimConfig
 
 from env import geometry, overlap
+from env.cache import cache_root
 from env.arms import ArmSpec, check_assets, get_arm, register_agents
 from env.predicate import (DEEP_M, GLITCH_ENERGY_J, MATCH_MARGIN_M, PENETRATION_TOL_M, RELEASED_OPENING,  # noqa: F401
                            SETTLED_MPS, STICKY_FLAGS, SUCCESS_HOLD_STEPS, SUCCESS_PREDICATE_VERSION,
@@ -113,8 +114,7 @@ INSTRUCTION_FULL_BOARD = "put every block into its matching hole"
 
 
 def _mesh_cache_dir() -> Path:
-    root = os.environ.get("SAB_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "shape_assembly_bench")
-    path = Path(root) / "meshes"
+    path = cache_root() / "meshes"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -74,35 +74,29 @@ def main(argv: list[str] | None = None) -> int:
 
     device = identify_device()
     print("; ".join(device.summary_lines()), file=sys.stderr)
+    telemetry = None
+
+    def device_report(records: list[dict]) -> dict:
+        """The device, its telemetry over this session's window and the backend, for eval.run's report."""
+        nonlocal telemetry
+        t1 = time.monotonic()
+        queries = sum(int(r.get("infer_queries") or 0) for r in records)
+        successes = sum(bool(r.get("success")) for r in records)
+        # energy per query over this session's window: a resumed run's earlier tries were not measured
+        telemetry = tel.summary(queries=queries, successes=successes, start=t0, end=t1)
+        return {
+            "device": _device_fields(device),
+            "telemetry": {"available": telemetry.available, "source": telemetry.source, "reason": telemetry.reason,
+                          "lines": telemetry.lines(), "detail": telemetry.to_dict()},
+            "profile": {"backend": backend or "python", "backend_reason": why, "window_s": round(t1 - t0, 3)},
+        }
+
     with start_telemetry(interval_s=args.telemetry_interval) as tel:
         t0 = time.monotonic()
-        rc = eval_run.main(argv, parser=parser)
-        t1 = time.monotonic()
-    if rc not in (0, eval_run.EXIT_HUNG):  # a run with hung tries still gets its device report
+        rc = eval_run.main(argv, parser=parser, report_extra=device_report)
+    if rc not in (0, eval_run.EXIT_HUNG) or telemetry is None:  # a run with hung tries still gets its device report
         return rc
-
-    from eval.report import ReportError, write_report, write_text_atomic
-    from eval.runner import read_records
-
-    out = Path(args.out)
-    records = read_records(out / "tries.jsonl")
-    queries = sum(int(r.get("infer_queries") or 0) for r in records)
-    successes = sum(bool(r.get("success")) for r in records)
-    # energy per query over this session's window: a resumed run's earlier tries were not measured
-    telemetry = tel.summary(queries=queries, successes=successes, start=t0, end=t1)
-    extra = {
-        "device": _device_fields(device),
-        "telemetry": {"available": telemetry.available, "source": telemetry.source, "reason": telemetry.reason,
-                      "lines": telemetry.lines(), "detail": telemetry.to_dict()},
-        "profile": {"backend": backend or "python", "backend_reason": why, "window_s": round(t1 - t0, 3)},
-    }
-    previous = json.loads((out / "summary.json").read_text())
-    try:
-        summary = write_report([out / "tries.jsonl"], out, extra=extra)
-        summary["run"] = previous.get("run")
-        write_text_atomic(out / "summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    except ReportError as e:
-        return _fail(str(e), 1)
+    summary = json.loads((Path(args.out) / "summary.json").read_text())
     lat = summary["secondary"]["latency_ms"] or {}
     if lat.get("p50") is not None:
         print(f"latency ms per query: mean {lat['mean']:.3g}, p50 {lat['p50']:.3g}, p90 {lat['p90']:.3g}, "

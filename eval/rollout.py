@@ -3,7 +3,7 @@
 :func:`rollout` runs up to N tries of one setup on :class:`Scenes` and returns their
 :class:`eval.records.TryRecord` and the batch's own record. Every evaluation runs
 through it: ``eval.run`` and ``eval.orin`` (one scene per worker, or ``--num-envs N``),
-``eval.demos``, the benchmarks and the tests.
+``eval.training.demos``, the benchmarks and the tests.
 
 Scenes (``sim``):
 

@@ -13,16 +13,17 @@ Exit status: 0 done, 2 bad input (one line), 1 a worker failed, 130 interrupted,
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 from env.arms import ARMS, UnknownArmError, get_arm
 from env.setups import UnknownSetupError, resolve_setups
 from env.starts import SPLITS
+from eval.executors import EXECUTORS
 from eval.policies import MODELS, UnknownModelError, get_model
 
 EXIT_HUNG = 3  # the run finished, but some tries were stopped by the watchdog or lost with their actor
@@ -69,7 +70,6 @@ def build_parser(prog: str = "python -m eval.run", description: str | None = Non
     return p
 
 
-EXECUTORS = ("local", "ray")
 MODEL_OPTIONS = ("checkpoint", "random_weights", "exec_horizon", "temporal_ensembling", "backend", "replay_latency")
 
 
@@ -91,7 +91,10 @@ def _fail(msg: str, code: int = 2) -> int:
     return code
 
 
-def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None,
+         report_extra: Callable[[list[dict]], dict] | None = None) -> int:
+    """``report_extra(records)``, called once the tries have run, gives more fields for the report (eval.orin:
+    the device and its telemetry), so that the report and summary.json are written once."""
     args = (parser or build_parser()).parse_args(argv)
     try:
         spec = get_model(args.model)
@@ -119,7 +122,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         if args.num_envs > 1 and args.video:
             raise ValueError("--video records one scene per worker: use --num-envs 1")
         if args.executor == "ray":
-            from eval.ray_executor import require_ray
+            from eval.executors.ray_actors import require_ray
 
             require_ray()  # before any work: one line naming the extra when ray is missing
         from env.arms import check_assets
@@ -166,12 +169,12 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     except RunMismatchError as e:
         return _fail(str(e))
     try:
-        return _execute(args, spec, arm, setups, options, tasklist, cfg, out, done)
+        return _execute(args, spec, arm, setups, options, tasklist, cfg, out, done, report_extra)
     finally:
         lock.release()
 
 
-def _execute(args, spec, arm, setups, options, tasklist, cfg, out, done) -> int:
+def _execute(args, spec, arm, setups, options, tasklist, cfg, out, done, report_extra=None) -> int:
     """The tries still to run, then the report; the caller holds the folder's writer lock."""
     from tqdm import tqdm
 
@@ -179,7 +182,7 @@ def _execute(args, spec, arm, setups, options, tasklist, cfg, out, done) -> int:
 
     from env.setups import get_setup
     from eval.runner import TryLog, hang_record, planned_tries, read_records
-    from eval.workers import STEP_TIMEOUT_S, Job, WorkerError, WorkerPool
+    from eval.executors import STEP_TIMEOUT_S, Job, WorkerError, make_executor
 
     plan = planned_tries(cfg)
     setup_of = {s: get_setup(s) for s in setups}  # resolved once: jobs carry the Setup itself
@@ -202,15 +205,9 @@ def _execute(args, spec, arm, setups, options, tasklist, cfg, out, done) -> int:
                   + (" (stepped one after another: no GPU speed-up)" if args.sim == "cpu" else ""), file=sys.stderr)
         step_timeout = args.step_timeout if args.step_timeout is not None else STEP_TIMEOUT_S
         try:
-            if args.executor == "ray":
-                from eval.ray_executor import RayPool
-
-                pool = RayPool(n_workers, spec.name, args.split, arm.name, str(out / "videos"), options,
-                               step_timeout_s=step_timeout, address=args.address,
-                               gpus_per_actor=args.gpus_per_actor, num_envs=args.num_envs, sim=args.sim)
-            else:
-                pool = WorkerPool(n_workers, spec.name, args.split, arm.name, str(out / "videos"), options,
-                                  step_timeout_s=step_timeout, num_envs=args.num_envs, sim=args.sim)
+            pool = make_executor(args.executor, n_workers, spec.name, args.split, arm.name, str(out / "videos"),
+                                 options, step_timeout_s=step_timeout, num_envs=args.num_envs, sim=args.sim,
+                                 address=args.address, gpus_per_actor=args.gpus_per_actor)
         except WorkerError as e:
             return _fail(str(e))
         log = TryLog(out / "tries.jsonl")
@@ -244,21 +241,21 @@ def _execute(args, spec, arm, setups, options, tasklist, cfg, out, done) -> int:
             pool.close()
         if failure is not None:
             return _fail(*failure)
-    from eval.report import ReportError, write_report, write_text_atomic
+    from eval.report import ReportError, write_report
 
     try:
-        summary = write_report([out / "tries.jsonl"], out)
-        summary["run"] = {"planned": len(plan), "wall_s_this_session": round(time.monotonic() - t0, 1),
-                          "workers": args.workers, "executor": args.executor, "num_envs": args.num_envs,
-                          "sim": args.sim}
-        write_text_atomic(out / "summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n")
+        records = read_records(out / "tries.jsonl")
+        run = {"planned": len(plan), "wall_s_this_session": round(time.monotonic() - t0, 1),
+               "workers": args.workers, "executor": args.executor, "num_envs": args.num_envs, "sim": args.sim}
+        extra = {**(report_extra(records) if report_extra else {}), "run": run}
+        summary = write_report([out / "tries.jsonl"], out, extra=extra)  # summary.json written once, with these
     except ReportError as e:
         return _fail(str(e), 1)
     scored = [s for s in setups if not s.startswith("FB")]
     n = sum(v["n"] for v in summary["setups"].values()) + sum(v["n"] for v in summary.get("full_board", {}).values())
     k = sum(v["k"] for v in summary["setups"].values()) + sum(v["k"] for v in summary.get("full_board", {}).values())
     s_txt = f"S {100 * summary['S']:.1f}%" if summary.get("S") is not None else "S n/a (not all 30 setups)"
-    hung = Counter(f for r in read_records(out / "tries.jsonl") for f in r.get("flags", ()) if f in HUNG_FLAGS)
+    hung = Counter(f for r in records for f in r.get("flags", ()) if f in HUNG_FLAGS)
     hung_txt = ""
     if hung:
         hung_txt = (f"; {sum(hung.values())} tries did not finish ("

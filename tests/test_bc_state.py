@@ -8,8 +8,8 @@ import torch
 
 from engines import bc_mlp
 from engines.bc_mlp import BadCheckpointError, BCConfig
-from eval.state_features import SCENE_DIM, STATE_DIM, ActionHistory, policy_input, state_vector
-from eval.train_bc import train
+from eval.training.state_features import SCENE_DIM, STATE_DIM, ActionHistory, policy_input, state_vector
+from eval.training.train_bc import train
 
 
 def _state(block_yaw=0.3, shape_k=1, grip=0.2):
@@ -174,7 +174,7 @@ def test_tilt_and_yaw_error_features():
 def _demo_file(path, relabeled, version=None, successes=(True, False)):
     import h5py
 
-    from eval.state_features import VERSION
+    from eval.training.state_features import VERSION
 
     n = 5
     episodes = np.array([(b"A01", i, i, ok, i * n, n) for i, ok in enumerate(successes)],
@@ -190,16 +190,16 @@ def _demo_file(path, relabeled, version=None, successes=(True, False)):
 
 
 def test_demo_files_keep_successes_or_every_relabeled_step(tmp_path):
-    from eval.train_bc import DemoFileError, load_demos
+    from eval.training.train_bc import DemoFileError, load_demos
 
     assert len(load_demos(_demo_file(tmp_path / "clean.h5", relabeled=False))[0]) == 5
     assert len(load_demos(_demo_file(tmp_path / "dagger.h5", relabeled=True))[0]) == 10
     with pytest.raises(DemoFileError, match="record them again"):
-        load_demos(_demo_file(tmp_path / "old.h5", relabeled=False, version="eval.state_features v1 (29 numbers)"))
+        load_demos(_demo_file(tmp_path / "old.h5", relabeled=False, version="eval.training.state_features v1 (29 numbers)"))
 
 
 def test_recorder_labels_with_the_reference_while_the_learner_acts(trained):
-    from eval.demos import _record_setup
+    from eval.training.demos import _record_setup
 
     (_, recs), = [_record_setup(("A01", [0], 0.02, str(trained[0]), 0.5))]
     t, seed, success, states, actions, executed = recs[0]
@@ -226,7 +226,7 @@ def test_action_history_counts_how_long_the_gripper_command_is_held():
 
 
 def test_labeler_mode_reference_inserts_and_labels_from_the_scene():
-    """The reference in labeler mode (eval.demos) succeeds alone on a tight hole, and its label depends on
+    """The reference in labeler mode (eval.training.demos) succeeds alone on a tight hole, and its label depends on
     the scene and the last executed command, not on its own past: a fresh labeler told the same last command
     gives the same action at every step of an insertion."""
     from env import make_env

@@ -11,6 +11,7 @@ pytest.importorskip("jax2onnx")
 onnx = pytest.importorskip("onnx")
 import jax.numpy as jnp  # noqa: E402
 
+from engines.backends import rel_err  # noqa: E402
 from engines.octo.export import (  # noqa: E402
     EXPORT_FORMAT, OnnxOcto, backbone_input_names, onnx_for_engine, params_digest)
 from engines.octo.model import make_backbone, make_infer, make_sampler  # noqa: E402
@@ -19,11 +20,6 @@ from engines.octo.testing import tiny_engine  # noqa: E402
 from engines.runners import JaxRunner, OnnxRuntimeRunner  # noqa: E402
 
 REL_TOL = 1e-4
-
-
-def rel_err(a, ref) -> float:
-    """max |a - ref| / max |ref|: the error relative to the output's scale."""
-    return float(np.max(np.abs(np.asarray(a) - ref)) / max(np.max(np.abs(ref)), 1e-12))
 
 
 @pytest.fixture(scope="session")

@@ -257,9 +257,9 @@ def matching_export(folder: Path, stem: str, digest: str) -> OctoOnnx | None:
 
 
 def cache_dir() -> Path:
-    from engines.onnx_utils import cache_root
+    from engines.backends import onnx_cache_dir
 
-    return cache_root() / "onnx"
+    return onnx_cache_dir()
 
 
 def onnx_for_engine(engine, search: Sequence[Path] = (BUILD_DIR,), progress: bool = True) -> OctoOnnx:

@@ -11,9 +11,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from engines.bc_mlp import DEFAULT_WEIGHTS, export_onnx, load, numpy_forward
-from engines.onnx_utils import BadModelFileError, cache_root, check_onnx_file, sha256_file
+from engines.backends import onnx_cache_dir
+from engines.onnx_utils import BadModelFileError, check_onnx_file, sha256_file
 from eval.policies.base import Policy
-from eval.state_features import ActionHistory, policy_input
+from eval.training.state_features import ActionHistory, policy_input
 
 BACKENDS = ("ort", "trt", "torch")
 TRT_PRECISION = "fp32"  # a 0.3 MB MLP: fp16 would save nothing measurable and cost sub-millimetre precision
@@ -29,7 +30,7 @@ def onnx_for(weights: Path, sha256: str) -> Path:
     """The ONNX export of a weights file, made once and cached under a name from the weights' sha256; a
     cached file that fails the ONNX check (truncated, corrupt) is exported again."""
     digest = sha256[:16]
-    path = cache_root() / "onnx" / f"bc_state_{digest}.onnx"
+    path = onnx_cache_dir() / f"bc_state_{digest}.onnx"
     if path.exists():
         try:
             check_onnx_file(path)
@@ -59,22 +60,14 @@ class BCStatePolicy(Policy):
         self.backend = backend
         self.model, self.config, self.meta = load(self.weights)  # checks shapes and normalisation, one line
         self.weights_sha256 = weights_sha256(self.weights)
-        if backend == "ort":
-            from engines.runners import OnnxRuntimeRunner
+        if backend in ("ort", "trt"):
+            from engines.backends import BackendSpec, make_runner, unavailable_reason
 
-            self.runner = OnnxRuntimeRunner(onnx_for(self.weights, self.weights_sha256)).activate()
-        elif backend == "trt":
-            from engines import trt
-            from engines.runners import TensorRtRunner
-
-            reason = trt.unavailable_reason()
+            reason = unavailable_reason(backend)  # before any export: one line saying why not
             if reason:
-                raise ValueError(f"bc-state backend 'trt' needs TensorRT and an NVIDIA GPU: {reason}")
-            onnx = onnx_for(self.weights, self.weights_sha256)
-            out = cache_root() / "engines"
-            path = trt.build_engine(onnx, out, onnx.stem, TRT_PRECISION, TRT_BATCH_MAX, timing_cache=out / "timing.cache")
-            key = trt.system_key(onnx, TRT_PRECISION, TRT_BATCH_MAX)
-            self.runner = TensorRtRunner(path, expected_key=key).activate()
+                raise ValueError(f"bc-state backend {backend!r} {reason}")
+            spec = BackendSpec(backend, precision=TRT_PRECISION, max_batch=TRT_BATCH_MAX, threads=1)
+            self.runner = make_runner(onnx_for(self.weights, self.weights_sha256), spec)
         else:
             from engines.runners import CallableRunner
 

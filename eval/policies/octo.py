@@ -81,6 +81,7 @@ AVG_CROP_SCALE, AVG_CROP_RATIO = 0.9, 1.0  # the mean of upstream's random_resiz
 AUGMENTED_KEYS = ("image_primary",)
 BACKENDS = ("jax", "ort", "trt")
 TRT_PRECISION = "fp16"  # the Orin's fast path; device_check compares it with fp32
+TRT_BATCH_MAX = 64  # the engines' batch profile covers every --num-envs batch up to this (opt: batch 1)
 
 
 # ------------------------------------------------------------------ action conversion
@@ -201,15 +202,13 @@ class OctoPolicy(Policy):
         backend = backend or "jax"
         if backend not in BACKENDS:
             raise OctoError(f"backend {backend!r} unknown for {model}; valid: {', '.join(BACKENDS)}")
-        if backend == "trt":  # before loading anything: one line saying why not
-            from engines.trt import unavailable_reason
+        if backend in ("ort", "trt"):  # before loading anything: one line saying why not
+            from engines.backends import unavailable_reason
 
-            reason = unavailable_reason()
+            reason = unavailable_reason(backend)
             if reason:
-                raise OctoError(f"backend 'trt' needs TensorRT and an NVIDIA GPU: {reason}")
-        if backend in ("ort", "trt"):
-            for module in ("onnx", "onnxruntime"):
-                require(module, "export")
+                raise OctoError(f"backend {backend!r} {reason}")
+            require("onnx", "export")
         self.name = model
         self.backend = backend
         self.engine = engine if engine is not None else get_engine(
@@ -369,20 +368,12 @@ def _padded(b: int) -> int:
 
 
 def octo_graphs(engine, backend: str):
-    """The engine's model as exported graphs behind runners: ONNX Runtime on the CPU (``ort``) or TensorRT
-    engines built from the same ONNX files (``trt``). Exports and engines are cached (see engines.octo.export)."""
-    from engines.octo.export import OnnxOcto, cache_dir, onnx_for_engine
-    from engines.runners import OnnxRuntimeRunner, TensorRtRunner, cpu_count
+    """The engine's model as exported graphs behind runners from the one backend factory: ONNX Runtime on the
+    CPU (``ort``) or TensorRT engines built from the same ONNX files (``trt``, batch profile up to
+    ``TRT_BATCH_MAX``). Exports and engines are cached (see engines.octo.export, engines.backends)."""
+    from engines.backends import BackendSpec, make_runner
+    from engines.octo.export import OnnxOcto, onnx_for_engine
 
     onnx = onnx_for_engine(engine)
-    if backend == "ort":
-        runners = [OnnxRuntimeRunner(p, "cpu", intra_op_threads=cpu_count()) for p in (onnx.backbone, onnx.sampler)]
-    else:
-        from engines import trt
-
-        out = cache_dir().parent / "engines"
-        runners = []
-        for p in (onnx.backbone, onnx.sampler):
-            path = trt.build_engine(p, out, p.stem, TRT_PRECISION, 1, timing_cache=out / "timing.cache")
-            runners.append(TensorRtRunner(path, expected_key=trt.system_key(p, TRT_PRECISION, 1)))
-    return OnnxOcto(engine.cfg, *runners).activate()
+    spec = BackendSpec(backend, precision=TRT_PRECISION, max_batch=TRT_BATCH_MAX)
+    return OnnxOcto(engine.cfg, *(make_runner(p, spec) for p in (onnx.backbone, onnx.sampler)))

@@ -1,4 +1,5 @@
-"""Worker processes for ``eval.run``: each owns its scenes and its policy; a watchdog guards every step.
+"""The local executor: worker processes on this machine, each owning its scenes and its policies; a watchdog
+guards every step.
 
 The parent hands out tries one at a time and appends each finished record
 itself, so records are written in one place and a killed run loses at most the
@@ -10,8 +11,8 @@ takes over.
 Starting a worker and building a scene are not steps: they get their own,
 longer limit, so a heavily loaded machine does not turn slow imports into hangs.
 
-What a worker owns and does per try is :class:`TryWorker`, shared with the Ray actors of
-:mod:`eval.ray_executor`, so both executors run a try the same way.
+What a worker owns and does per job is :class:`eval.executors.base.TryWorker`, shared with the Ray actors
+of :mod:`eval.executors.ray_actors`, so both executors run a job the same way.
 """
 
 from __future__ import annotations
@@ -22,110 +23,14 @@ import queue
 import signal
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from env.setups import Setup
+from eval.executors.base import (HANG_FLAGS, SETUP_TIMEOUT_S, STEP_TIMEOUT_S, BatchResult, Job, TryWorker,
+                                 WorkerError, video_file)
 
-STEP_TIMEOUT_S = 120.0  # a policy query, or one control step's physics, taking longer than this is a hang
-HANG_FLAGS = {"policy": "policy_hang", "sim": "sim_hang"}  # the flag of a try that hung in each stage
 _STAGE_CODES = tuple(HANG_FLAGS)  # stage names by the code a worker writes into its shared stage value
-SETUP_TIMEOUT_S = 900.0  # starting a worker or building a scene: slow under load, but not a step
 _POLL_S = 0.2
 _ORPHAN_CHECK_S = 2.0  # an idle worker checks this often whether its parent still exists
-
-
-@dataclass(frozen=True)
-class Job:
-    setup: Setup
-    try_index: int  # the first try of the job
-    video: bool = False
-    batch: tuple[int, ...] = ()  # --num-envs N: up to N tries of the setup run together (try_index the first)
-
-    def try_indices(self) -> tuple[int, ...]:
-        return self.batch or (self.try_index,)
-
-    def tries(self) -> list["Job"]:
-        """One job per try (a batch job's tries, or this job)."""
-        return [Job(self.setup, t) for t in self.batch] if self.batch else [self]
-
-
-@dataclass
-class BatchResult:
-    """What a job returns: the records of its tries (eval.records.TryRecord) and, for a batch of N > 1
-    scenes, the batch record (None when it hung)."""
-    records: list
-    batch: dict | None = None
-
-
-def video_file(job: Job) -> str:
-    """File name of a try's video (under the run's videos/ folder)."""
-    return f"{job.setup.id}_try{job.try_index:03d}.mp4"
-
-
-class WorkerError(RuntimeError):
-    """A worker stopped the run: bad action, bad model, or an unexpected exception (one line)."""
-
-
-class TryWorker:
-    """What one worker owns, whatever runs it (a local process or a Ray actor): the scenes of its current
-    setup (state or camera observations, N of them with --num-envs N), the policies for that setup (one per
-    scene), and the task list.
-
-    ``run`` runs one job through :func:`eval.rollout.rollout`; ``on_step(stage)`` is the watchdog's heartbeat.
-    A bad action raises :class:`eval.policies.base.BadActionError`.
-    """
-
-    def __init__(self, model: str, split: str, arm: str, options: dict | None = None, num_envs: int = 1,
-                 sim: str = "cpu"):
-        import torch
-
-        torch.set_num_threads(1)  # one core per worker: W workers on W cores, no oversubscription
-        from env.tasklist import load
-        from eval.policies import get_model
-
-        self.spec = get_model(model)
-        self.split, self.arm, self.options = split, arm, dict(options or {})
-        self.num_envs, self.sim = num_envs, sim
-        self.tasklist = load(split)
-        self._key = None  # (setup id, cameras) of the scenes held
-        self.scenes = None
-        self.members: list = []
-
-    def prepare(self, job: Job):
-        """(scenes, policies) for the job: built when the setup (or the need for cameras) changes, else kept."""
-        from eval.rollout import Scenes, make_members
-
-        cameras = job.video or self.spec.observes == "cameras"
-        key = (job.setup.id, cameras)
-        if key != self._key:
-            if self.scenes is not None and self._key[0] == job.setup.id:
-                self.scenes.close()  # same setup, other observations (a video try): keep the policies
-                self.scenes = None
-            else:
-                self.close()
-                factory = lambda: self.spec.factory(setup=job.setup, **self.options)  # noqa: E731
-                self.members = make_members(factory(), self.num_envs, factory)
-            self.scenes = Scenes(job.setup, self.num_envs, sim=self.sim, arm=self.arm, cameras=cameras)
-            self._key = key
-        return self.scenes, self.members
-
-    def run(self, job: Job, on_step: Callable[[str], None] | None = None, video_path: str | None = None
-            ) -> BatchResult:
-        from eval.rollout import labelled, rollout
-
-        scenes, members = self.prepare(job)
-        if on_step is not None:
-            on_step("sim")  # from here on the watchdog times every stage of every control step
-        records, batch = rollout(scenes, members, self.split, job.try_indices(), self.tasklist, on_step=on_step,
-                                 videos=[video_path] if (job.video and video_path) else None)
-        return BatchResult(labelled(records, self.spec.name, self.spec.track, self.arm),
-                           batch if self.num_envs > 1 else None)
-
-    def close(self) -> None:
-        if self.scenes is not None:
-            self.scenes.close()
-        self.scenes, self.members, self._key = None, [], None
 
 
 def _worker_main(worker_id, model, split, arm, video_dir, options, num_envs, sim, jobs, results, heartbeat,

@@ -1,6 +1,6 @@
 """Train the bc-state MLP on recorded demonstrations, deterministically from a seed, on the CPU.
 
-    python -m eval.train_bc --demos data/demos_m0.h5 data/dart_n01.h5 --out engines/weights/bc_state.safetensors
+    python -m eval.training.train_bc --demos data/demos_m0.h5 data/dart_n01.h5 --out engines/weights/bc_state.safetensors
 
 Writes the weights (safetensors, with the normalisation inside) and a training
 report next to ``--report-dir``: the loss curve (PNG) and ``training.json``
@@ -32,13 +32,13 @@ def load_demos(path: str):
     """
     import h5py
 
-    from eval.state_features import VERSION
+    from eval.training.state_features import VERSION
 
     with h5py.File(path, "r") as f:
         version = f.attrs.get("state", "")
         if version != VERSION:
             raise DemoFileError(f"{path} holds states of {version or 'an unknown version'!r}, this code uses "
-                                f"{VERSION!r}; record them again with python -m eval.demos")
+                                f"{VERSION!r}; record them again with python -m eval.training.demos")
         states, actions, episodes = f["states"][:], f["actions"][:], f["episodes"][:]
         relabeled = bool(f.attrs.get("relabeled", 0))
     keep = np.zeros(len(states), dtype=bool)
@@ -109,8 +109,8 @@ def plot_history(history, path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m eval.train_bc", description=__doc__.split("\n\n")[0])
-    p.add_argument("--demos", required=True, nargs="+", help="HDF5 files from python -m eval.demos")
+    p = argparse.ArgumentParser(prog="python -m eval.training.train_bc", description=__doc__.split("\n\n")[0])
+    p.add_argument("--demos", required=True, nargs="+", help="HDF5 files from python -m eval.training.demos")
     p.add_argument("--out", default=str(DEFAULT_WEIGHTS), help="weights file (safetensors)")
     p.add_argument("--report-dir", default="results/bc_state/training", help="loss curve and training.json")
     p.add_argument("--seed", type=int, default=0)
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     for path in args.demos:
         if not Path(path).is_file():
-            print(f"error: demonstrations {path} do not exist; record them with: python -m eval.demos --out {path}",
+            print(f"error: demonstrations {path} do not exist; record them with: python -m eval.training.demos --out {path}",
                   file=sys.stderr)
             return 2
     t0 = time.monotonic()

@@ -1,10 +1,10 @@
 """Record scripted-reference demonstrations on the train split, for bc-state.
 
-    python -m eval.demos --tries 20 --out data/demos_m0.h5                                  # the reference
-    python -m eval.demos --tries 25 --first-try 45 --noise 0.1 --out data/dart_n01.h5      # the reference, perturbed
-    python -m eval.demos --tries 15 --first-try 20 --learner W.safetensors --out data/dagger_m1.h5   # DAgger
+    python -m eval.training.demos --tries 20 --out data/demos_m0.h5                                  # the reference
+    python -m eval.training.demos --tries 25 --first-try 45 --noise 0.1 --out data/dart_n01.h5      # the reference, perturbed
+    python -m eval.training.demos --tries 15 --first-try 20 --learner W.safetensors --out data/dagger_m1.h5   # DAgger
 
-One HDF5 file: ``states`` (N, 40) float32 (the bc-state input, eval.state_features),
+One HDF5 file: ``states`` (N, 40) float32 (the bc-state input, eval.training.state_features),
 ``actions`` (N, 7) float32 (the labels) and ``executed`` (N, 7) (what was sent), per
 step for every try in order, and an ``episodes`` table (setup, try,
 seed, success, start, length) giving the boundaries. Only the train split's
@@ -47,7 +47,7 @@ import numpy as np
 
 from env.setups import resolve_setups
 from eval.policies.base import Policy
-from eval.state_features import VERSION
+from eval.training.state_features import VERSION
 
 NOISE_SEED_OFFSET = 7_919  # the noise stream of a try differs from its start's stream
 
@@ -67,7 +67,7 @@ class DemoRecorder(Policy):
 
     def reset(self, instruction: str, seed: int | None = None) -> None:
         from eval.policies.scripted import ScriptedPolicy
-        from eval.state_features import ActionHistory
+        from eval.training.state_features import ActionHistory
 
         self.rng = np.random.default_rng(seed + NOISE_SEED_OFFSET)
         self.expert = ScriptedPolicy(clearance=self.setup.clearance_m, latency_steps=self.setup.latency_steps,
@@ -79,7 +79,7 @@ class DemoRecorder(Policy):
 
     def act(self, observation):
         from eval.policies.scripted import PENDING_REACH, POS_SCALE, ROT_SCALE
-        from eval.state_features import policy_input
+        from eval.training.state_features import policy_input
 
         x = policy_input(observation["state"], self.history)
         label = self.expert.act(observation)
@@ -138,7 +138,7 @@ def _rotation(rotvec):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m eval.demos", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m eval.training.demos", description=__doc__.split("\n\n")[0])
     p.add_argument("--setups", default="all", help="setups to record (default: the 30 scored)")
     p.add_argument("--tries", type=int, default=60, help="train-split tries per setup")
     p.add_argument("--first-try", type=int, default=0, help="first train-split try of each setup")

@@ -1,6 +1,6 @@
-"""Ray executor for ``eval.run --executor ray``: tries sharded over the actors of a Ray cluster.
+"""The Ray executor (``eval.run --executor ray``): tries sharded over the actors of a Ray cluster.
 
-Each actor owns one :class:`eval.workers.TryWorker` (its scenes and its policy), exactly as a local worker
+Each actor owns one :class:`eval.executors.base.TryWorker` (its scenes and its policy), exactly as a local worker
 process does, and declares its resources (one CPU, ``gpus_per_actor`` GPUs). The driver hands out one try
 at a time per actor and gets each record back as it finishes; ``eval.run`` appends it to ``tries.jsonl``
 on the driver, so resume and dedup are those of a local run. With ``--num-envs N`` a job is a batch of up to
@@ -33,7 +33,7 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Iterator
 
-from eval.workers import HANG_FLAGS, SETUP_TIMEOUT_S, STEP_TIMEOUT_S, BatchResult, Job, WorkerError, video_file
+from eval.executors.base import HANG_FLAGS, SETUP_TIMEOUT_S, STEP_TIMEOUT_S, BatchResult, Job, WorkerError, video_file
 
 _POLL_S = 0.2
 _PROGRESS_EVERY_S = 1.0  # how often the driver asks a busy actor for its step count
@@ -75,7 +75,7 @@ class _TryActor:
 
     def run(self, seq: int, job: Job) -> tuple[str, object, bytes | None]:
         from eval.policies.base import BadActionError
-        from eval.workers import TryWorker
+        from eval.executors.base import TryWorker
 
         self.seq, self.steps, self.stage = seq, 0, "sim"
         video_path = None
@@ -98,7 +98,7 @@ class _TryActor:
 
 
 class RayPool:
-    """The interface of :class:`eval.workers.WorkerPool` over Ray actors: ``run`` yields (job, BatchResult) in
+    """The executor interface (:class:`eval.executors.Executor`) over Ray actors: ``run`` yields (job, BatchResult) in
     completion order; ``close`` kills the actors (and stops Ray if this pool started it).
 
     ``address``: a cluster to connect to (``ray.init(address=...)``; "auto" finds a local one); None starts

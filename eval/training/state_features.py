@@ -47,7 +47,7 @@ from eval.policies.base import HOLD_ACTION
 SCENE_DIM = 32
 HISTORY_DIM = 8
 STATE_DIM = SCENE_DIM + HISTORY_DIM
-VERSION = "eval.state_features v3 (32 scene + 8 history numbers)"
+VERSION = "eval.training.state_features v3 (32 scene + 8 history numbers)"
 GRIPPER_HOLD_CAP = 12  # steps; the reference's longest fixed gripper phase is 6 + 3 latency steps
 _ORDER = {"circle": 1, "square": 4, "triangle": 3}
 

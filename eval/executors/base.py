@@ -1,0 +1,105 @@
+"""What both executors share: the job, its result, and the worker that runs it (:class:`TryWorker`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from env.setups import Setup
+
+STEP_TIMEOUT_S = 120.0  # a policy query, or one control step's physics, taking longer than this is a hang
+HANG_FLAGS = {"policy": "policy_hang", "sim": "sim_hang"}  # the flag of a try that hung in each stage
+SETUP_TIMEOUT_S = 900.0  # starting a worker or building a scene: slow under load, but not a step
+
+
+@dataclass(frozen=True)
+class Job:
+    setup: Setup
+    try_index: int  # the first try of the job
+    video: bool = False
+    batch: tuple[int, ...] = ()  # --num-envs N: up to N tries of the setup run together (try_index the first)
+
+    def try_indices(self) -> tuple[int, ...]:
+        return self.batch or (self.try_index,)
+
+    def tries(self) -> list["Job"]:
+        """One job per try (a batch job's tries, or this job)."""
+        return [Job(self.setup, t) for t in self.batch] if self.batch else [self]
+
+
+@dataclass
+class BatchResult:
+    """What a job returns: the records of its tries (eval.records.TryRecord) and, for a batch of N > 1
+    scenes, the batch record (None when it hung)."""
+    records: list
+    batch: dict | None = None
+
+
+def video_file(job: Job) -> str:
+    """File name of a try's video (under the run's videos/ folder)."""
+    return f"{job.setup.id}_try{job.try_index:03d}.mp4"
+
+
+class WorkerError(RuntimeError):
+    """A worker stopped the run: bad action, bad model, or an unexpected exception (one line)."""
+
+
+class TryWorker:
+    """What one worker owns, whatever runs it (a local process or a Ray actor): the scenes of its current
+    setup (state or camera observations, N of them with --num-envs N), the policies for that setup (one per
+    scene), and the task list.
+
+    ``run`` runs one job through :func:`eval.rollout.rollout`; ``on_step(stage)`` is the watchdog's heartbeat.
+    A bad action raises :class:`eval.policies.base.BadActionError`.
+    """
+
+    def __init__(self, model: str, split: str, arm: str, options: dict | None = None, num_envs: int = 1,
+                 sim: str = "cpu"):
+        import torch
+
+        torch.set_num_threads(1)  # one core per worker: W workers on W cores, no oversubscription
+        from env.tasklist import load
+        from eval.policies import get_model
+
+        self.spec = get_model(model)
+        self.split, self.arm, self.options = split, arm, dict(options or {})
+        self.num_envs, self.sim = num_envs, sim
+        self.tasklist = load(split)
+        self._key = None  # (setup id, cameras) of the scenes held
+        self.scenes = None
+        self.members: list = []
+
+    def prepare(self, job: Job):
+        """(scenes, policies) for the job: built when the setup (or the need for cameras) changes, else kept."""
+        from eval.rollout import Scenes, make_members
+
+        cameras = job.video or self.spec.observes == "cameras"
+        key = (job.setup.id, cameras)
+        if key != self._key:
+            if self.scenes is not None and self._key[0] == job.setup.id:
+                self.scenes.close()  # same setup, other observations (a video try): keep the policies
+                self.scenes = None
+            else:
+                self.close()
+                factory = lambda: self.spec.factory(setup=job.setup, **self.options)  # noqa: E731
+                self.members = make_members(factory(), self.num_envs, factory)
+            self.scenes = Scenes(job.setup, self.num_envs, sim=self.sim, arm=self.arm, cameras=cameras)
+            self._key = key
+        return self.scenes, self.members
+
+    def run(self, job: Job, on_step: Callable[[str], None] | None = None, video_path: str | None = None
+            ) -> BatchResult:
+        from eval.rollout import labelled, rollout
+
+        scenes, members = self.prepare(job)
+        if on_step is not None:
+            on_step("sim")  # from here on the watchdog times every stage of every control step
+        records, batch = rollout(scenes, members, self.split, job.try_indices(), self.tasklist, on_step=on_step,
+                                 videos=[video_path] if (job.video and video_path) else None)
+        return BatchResult(labelled(records, self.spec.name, self.spec.track, self.arm),
+                           batch if self.num_envs > 1 else None)
+
+    def close(self) -> None:
+        if self.scenes is not None:
+            self.scenes.close()
+        self.scenes, self.members, self._key = None, [], None
