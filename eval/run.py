@@ -24,7 +24,7 @@ from env.arms import ARMS, UnknownArmError, get_arm
 from env.setups import UnknownSetupError, resolve_setups
 from env.starts import SPLITS
 from eval.executors import EXECUTORS
-from eval.policies import MODELS, UnknownModelError, get_model
+from eval.policies import MODEL_OPTIONS, MODELS, UnknownModelError, get_model
 
 EXIT_HUNG = 3  # the run finished, but some tries were stopped by the watchdog or lost with their actor
 HUNG_FLAGS = ("policy_hang", "sim_hang", "actor_died")
@@ -70,7 +70,6 @@ def build_parser(prog: str = "python -m eval.run", description: str | None = Non
     return p
 
 
-MODEL_OPTIONS = ("checkpoint", "random_weights", "exec_horizon", "temporal_ensembling", "backend", "replay_latency")
 
 
 def model_options(args: argparse.Namespace) -> dict:

@@ -105,6 +105,8 @@ class UnknownModelError(ValueError):
 
 # options every model takes, applied around the policy the model's factory builds
 RUN_OPTIONS = ("replay_latency",)
+# every model option a command line can give (each model takes its ``options`` and RUN_OPTIONS)
+MODEL_OPTIONS = tuple(dict.fromkeys([o for m in MODELS.values() for o in m.options] + list(RUN_OPTIONS)))
 
 
 def _with_run_options(spec: ModelSpec) -> ModelSpec:
