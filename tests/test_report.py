@@ -1,4 +1,4 @@
-"""Tests of eval/report.py (spec BENCHMARK.md sections 2, 5, 6 and 8).
+"""Tests of the eval/report/ package (spec BENCHMARK.md sections 2, 5, 6 and 8).
 
 Synthetic runs are built from the spec's section-8 published per-setup
 results (50 tries per setup, successes = the published % of 50).

@@ -1,0 +1,380 @@
+"""Tries files and their summaries (the numbers of the report; spec BENCHMARK.md sections 2, 4, 5, 6 and 8).
+
+:func:`load_tries` reads a ``tries.jsonl`` (one file = one model), :func:`build_summary` gives one
+model's JSON-safe summary and :func:`paired_summary` the paired differences of two models.  All rates
+are fractions in 0..1 (fields named ``rate``, ``diff``, ``ci``); n/a is ``None``.
+
+Scoring is :mod:`eval.stats` (stratified bootstrap for groups, difficulty, S
+and M; Wilson per setup); the full-board setups (FB*) are reported on their
+own and never enter S or M.  A record needs only ``setup``, ``try`` and
+``success``; every other field is optional.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from env.predicate import VETO_FLAGS
+from env.setups import DIFFICULTIES, FULL_BOARD_IDS, GROUPS, SCORED_IDS, SETUPS, difficulty_of, group_of
+from eval.stats import (
+    outcomes_from_records,
+    paired_difference,
+    paired_outcomes_from_records,
+    score,
+    score_to_dict,
+    secondary,
+    wilson,
+)
+
+FLAG_NAMES = ("wrong_hole", "rim", "penetration", "glitch", "dropped", "policy_hang", "sim_hang", "actor_died")
+REQUIRED_FIELDS = ("setup", "try", "success")
+N_WEAKEST = 3
+RANKED_TRACKS = {"frozen": "yes", "reference": "no", "sanity": "no", "adapted": "no"}
+
+
+class ReportError(ValueError):
+    """Bad input to the report (message is one line)."""
+
+
+# --------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------
+def load_tries(path: str | Path) -> list[dict]:
+    """Records of a ``tries.jsonl``, one JSON object per line.
+
+    Blank lines are skipped.  A last line that is not valid JSON (torn by a
+    kill mid-write) is ignored; bad JSON on any other line, or a line that
+    is not a JSON object, raises :class:`ReportError` naming file and line.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ReportError(f"{path}: no such file") from None
+    except OSError as e:
+        raise ReportError(f"{path}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise ReportError(f"{path}: not UTF-8 text") from None
+    lines = text.split("\n")
+    numbered = [(i + 1, ln) for i, ln in enumerate(lines) if ln.strip()]
+    out: list[dict] = []
+    for j, (lineno, line) in enumerate(numbered):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if j == len(numbered) - 1:
+                break  # torn last line
+            raise ReportError(f"{path}: line {lineno} is not JSON ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise ReportError(f"{path}: line {lineno} is not a JSON object")
+        out.append(rec)
+    return out
+
+
+# --------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------
+def _finite(x: Any) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _ci(iv) -> list[float | None] | None:
+    if iv is None:
+        return None
+    return [_finite(iv.low), _finite(iv.high)]
+
+
+def _json_key(v: Any) -> str:
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+def _common(records: Sequence[Mapping], key: str, warnings: list[str]) -> Any:
+    """The records' single value of ``key`` (``None`` if absent); several
+    distinct values give a list of them (first-seen order) and a warning."""
+    seen: dict[str, Any] = {}
+    for r in records:
+        v = r.get(key)
+        if v is None:
+            continue
+        seen.setdefault(_json_key(v), v)
+    if not seen:
+        return None
+    if len(seen) == 1:
+        return next(iter(seen.values()))
+    vals = list(seen.values())
+    shown = ", ".join(_json_key(v) if isinstance(v, (dict, list)) else str(v) for v in vals[:5])
+    warnings.append(f"records carry {len(vals)} different values of '{key}': {shown}")
+    return vals
+
+
+def predicate_of(records: Sequence[Mapping]) -> int:
+    """The success predicate version of a model's records (records without the field are v1)."""
+    versions = sorted({int(r.get("predicate", 1)) for r in records})
+    if len(versions) > 1:
+        raise ReportError("records were scored with several success predicates (" +
+                          ", ".join(f"v{v}" for v in versions) + "); rerun the older tries")
+    return versions[0]
+
+
+def _truthy_field(rec: Mapping, key: str) -> bool:
+    return rec.get(key) is True
+
+
+def _flags_of(rec: Mapping) -> set[str]:
+    flags = rec.get("flags") or ()
+    if isinstance(flags, str):
+        flags = (flags,)
+    out = {str(f) for f in flags}
+    if rec.get("dropped") is True:
+        out.add("dropped")
+    return out
+
+
+def _flag_counts(records: Sequence[Mapping]) -> dict[str, int]:
+    counts = {f: 0 for f in FLAG_NAMES}
+    for r in records:
+        for f in sorted(_flags_of(r)):
+            counts[f] = counts.get(f, 0) + 1
+    return counts
+
+
+def _validate(records: Sequence[Any]) -> None:
+    for i, r in enumerate(records):
+        if not isinstance(r, Mapping):
+            raise ReportError(f"record {i + 1} is not an object")
+        for f in REQUIRED_FIELDS:
+            if f not in r:
+                raise ReportError(f"record {i + 1} lacks field '{f}' (setup={r.get('setup')!r}, try={r.get('try')!r})")
+        if str(r["setup"]) not in SETUPS:
+            raise ReportError(f"record {i + 1}: unknown setup {r['setup']!r}; valid: {', '.join(SETUPS)}")
+    seen: set[tuple[str, str]] = set()
+    for r in records:
+        key = (str(r["setup"]), _json_key(r["try"]))
+        if key in seen:
+            raise ReportError(f"duplicate record for setup {r['setup']}, try {r['try']}")
+        seen.add(key)
+
+
+def _split_records(records: Iterable[Mapping]) -> tuple[list[Mapping], list[Mapping]]:
+    scored, full = [], []
+    for r in records:
+        (full if str(r["setup"]) in FULL_BOARD_IDS else scored).append(r)
+    return scored, full
+
+
+def _setup_entry(sid: str, recs: Sequence[Mapping]) -> dict:
+    s = SETUPS[sid]
+    k = sum(1 for r in recs if bool(r["success"]))
+    n = len(recs)
+    ci = wilson(k, n) if n else None
+    return {
+        "name": s.name,
+        "group": s.group,
+        "difficulty": s.difficulty,
+        "k": k,
+        "n": n,
+        "rate": (k / n) if n else None,
+        "ci": _ci(ci),
+        "flags": _flag_counts(recs),
+        "no_flag_failures": sum(1 for r in recs if not bool(r["success"]) and not _flags_of(r)),
+    }
+
+
+def _weakest(setups: Mapping[str, dict], n: int = N_WEAKEST) -> list[dict]:
+    ranked = [(e["rate"], i, sid) for i, (sid, e) in enumerate(setups.items())
+              if e["rate"] is not None and e["k"] < e["n"]]
+    ranked.sort()
+    out = []
+    for rate, _, sid in ranked[:n]:
+        e = setups[sid]
+        flags = sorted(((f, c) for f, c in e["flags"].items() if c), key=lambda fc: (-fc[1], fc[0]))
+        out.append({"setup": sid, "name": e["name"], "group": e["group"], "difficulty": e["difficulty"],
+                    "k": e["k"], "n": e["n"], "rate": rate,
+                    "flags": [[f, c] for f, c in flags], "no_flag_failures": e["no_flag_failures"]})
+    return out
+
+
+# --------------------------------------------------------------------------
+# Summary of one model
+# --------------------------------------------------------------------------
+def build_summary(records: Iterable[Mapping], *, model: str | None = None,
+                  n_boot: int = 5000, seed: int = 0) -> dict:
+    """JSON-safe summary of one model's tries (fractions, not percent).
+
+    Keys: model, track, split, arm, machine, tasklist_sha256, backend, weights_sha256 (from the
+    records; null when absent, a list when they disagree -- with a warning),
+    n_tries, complete, missing, S, S_ci, M, M_ci, groups {g: {rate, ci,
+    setups}} in GROUPS order, difficulty {d: {rate, ci, setups}}, setups {id:
+    {name, group, difficulty, k, n, rate, ci (Wilson), flags,
+    no_flag_failures}} for all 30 scored setups (n = 0 and rate null when a
+    setup has no tries), weakest (the 3 lowest setups with their flags),
+    secondary (:func:`eval.stats.secondary` over the scored tries),
+    full_board {id: {..., k, n, rate, ci, blocks_inserted_mean}} (only setups
+    that were run; never part of S or M), bootstrap, warnings.
+    """
+    records = list(records)
+    _validate(records)
+    if not records:
+        raise ReportError("no tries to report")
+    warnings: list[str] = []
+    scored, full = _split_records(records)
+
+    meta = {key: _common(records, key, warnings) for key in ("model", "track", "split", "arm", "machine",
+                                                             "tasklist_sha256", "backend", "weights_sha256", "note")}
+    name = model if model is not None else meta["model"]
+    if isinstance(name, list):
+        raise ReportError(f"records hold several models ({', '.join(map(str, name))}); one tries file = one model")
+    if model is not None and meta["model"] is not None and meta["model"] != model:
+        warnings.append(f"reported as '{model}'; the records name the model '{meta['model']}'")
+
+    g_of, d_of = group_of(), difficulty_of()
+    sc = score(outcomes_from_records(scored), g_of, d_of, n_boot=n_boot, seed=seed)
+    sd = score_to_dict(sc)
+
+    by_setup: dict[str, list[Mapping]] = {}
+    for r in records:
+        by_setup.setdefault(str(r["setup"]), []).append(r)
+    setups = {sid: _setup_entry(sid, by_setup.get(sid, ())) for sid in SCORED_IDS}
+    full_board = {}
+    for sid in FULL_BOARD_IDS:
+        recs = by_setup.get(sid)
+        if not recs:
+            continue
+        e = _setup_entry(sid, recs)
+        blocks = [float(r["blocks_inserted"]) for r in recs if r.get("blocks_inserted") is not None]
+        e["blocks_inserted_mean"] = float(np.mean(blocks)) if blocks else None
+        e["blocks_total"] = 3
+        full_board[sid] = e
+
+    ns = [e["n"] for e in setups.values() if e["n"]]
+    if ns and min(ns) != max(ns):
+        lo = min(setups, key=lambda s: setups[s]["n"] or 10**9)
+        warnings.append(f"setups have unequal numbers of tries: {min(ns)} ({lo}) to {max(ns)}")
+    if sc.missing:
+        warnings.append(f"incomplete: missing setups {', '.join(sc.missing)}")
+
+    groups = {}
+    for g in GROUPS:
+        d = sd["groups"].get(g, {"rate": None, "ci": None})
+        groups[g] = {"rate": d["rate"], "ci": d["ci"], "setups": [c for c in SCORED_IDS if g_of[c] == g]}
+    difficulty = {}
+    for lvl in DIFFICULTIES:
+        d = sd["difficulty"].get(lvl, {"rate": None, "ci": None})
+        difficulty[lvl] = {"rate": d["rate"], "ci": d["ci"], "setups": [c for c in SCORED_IDS if d_of[c] == lvl]}
+
+    sec = secondary(scored)
+    sec["recovery_recorded"] = any("disturbance_fired" in r for r in scored)
+    predicate = predicate_of(records)
+    vetoed = [r for r in scored if _truthy_field(r, "success_raw") and not bool(r["success"])]
+    vetoes = {f: sum(f in _flags_of(r) for r in vetoed) for f in VETO_FLAGS}
+
+    summary = {
+        "model": name,
+        "track": meta["track"],
+        "split": meta["split"],
+        "arm": meta["arm"],
+        "machine": meta["machine"],
+        "tasklist_sha256": meta["tasklist_sha256"],
+        "backend": meta["backend"],
+        "weights_sha256": meta["weights_sha256"],
+        "note": meta["note"],
+        "predicate": predicate,
+        # tries where the predicate held but a flag vetoed the success (v2 records say so; v1 did not veto)
+        "vetoed": {"n": len(vetoed), "flags": {f: c for f, c in vetoes.items() if c}} if predicate >= 2 else None,
+        # actions outside the controller's [-1, 1] (it clips them): tries with any, and the actions in all
+        "actions_clipped": {"tries": sum(bool(r.get("actions_clipped")) for r in scored),
+                            "actions": sum(int(r.get("actions_clipped") or 0) for r in scored)}
+        if any("actions_clipped" in r for r in scored) else None,
+        "n_tries": len(scored),
+        "complete": sd["complete"],
+        "missing": sd["missing"],
+        "S": sd["S"],
+        "S_ci": sd["S_ci"],
+        "M": sd["M"],
+        "M_ci": sd["M_ci"],
+        "groups": groups,
+        "difficulty": difficulty,
+        "setups": setups,
+        "weakest": _weakest({c: e for c, e in setups.items() if e["n"]}),
+        "secondary": sec,
+        "full_board": full_board,
+        "bootstrap": {"n_boot": int(n_boot), "seed": seed, "level": 0.95,
+                      "method": "stratified percentile bootstrap (tries within each setup)",
+                      "setup_interval": "Wilson 95%"},
+        "warnings": warnings,
+    }
+    json.dumps(summary, allow_nan=False)  # JSON-safe by construction; fail loudly if not
+    return summary
+
+
+# --------------------------------------------------------------------------
+# Paired comparison of two models
+# --------------------------------------------------------------------------
+def paired_summary(records_a: Iterable[Mapping], records_b: Iterable[Mapping], *, name_a: str = "A",
+                   name_b: str = "B", n_boot: int = 5000, seed: int = 0) -> dict:
+    """Paired bootstrap of A - B over the scored tries both models share.
+
+    Tries are matched on (setup, try); a pair whose records both carry a
+    ``seed`` (or ``split``) that differs is not shared.  Models whose records
+    name different task lists (``tasklist_sha256``) share nothing.  Returns
+    ``{a, b, shared_tries, only_a, only_b, complete, missing, S: {diff, ci},
+    groups: {g: {diff, ci}}, note}``; ``S``/``groups`` are null when nothing
+    is shared (``note`` says why).  Never raises for unshared tries.
+    """
+    sa, _ = _split_records(records_a)
+    sb, _ = _split_records(records_b)
+    out: dict[str, Any] = {"a": name_a, "b": name_b, "shared_tries": 0, "only_a": len(sa), "only_b": len(sb),
+                           "complete": False, "missing": list(SCORED_IDS), "S": None, "groups": None, "note": None}
+    sha_a = {r.get("tasklist_sha256") for r in sa} - {None}
+    sha_b = {r.get("tasklist_sha256") for r in sb} - {None}
+    if sha_a and sha_b and sha_a != sha_b:
+        out["note"] = (f"not compared: {name_a} and {name_b} ran different task lists "
+                       f"({', '.join(sorted(map(str, sha_a)))[:16]}... vs {', '.join(sorted(map(str, sha_b)))[:16]}...)")
+        return out
+    ka = {(str(r["setup"]), _json_key(r["try"])): r for r in sa}
+    kb = {(str(r["setup"]), _json_key(r["try"])): r for r in sb}
+    shared, mismatched = [], 0
+    for key in ka:
+        if key not in kb:
+            continue
+        ra, rb = ka[key], kb[key]
+        if any(ra.get(f) is not None and rb.get(f) is not None and ra.get(f) != rb.get(f)
+               for f in ("seed", "split")):
+            mismatched += 1
+            continue
+        shared.append(key)
+    out["shared_tries"] = len(shared)
+    out["only_a"] = len(ka) - len(shared)
+    out["only_b"] = len(kb) - len(shared)
+    notes = []
+    if mismatched:
+        notes.append(f"{mismatched} tries with the same (setup, try) but another seed or split were left out")
+    if not shared:
+        notes.insert(0, f"not compared: {name_a} and {name_b} share no tries")
+        out["note"] = "; ".join(notes)
+        return out
+    if out["only_a"] or out["only_b"]:
+        notes.append(f"on the {len(shared)} shared tries only ({out['only_a']} only in {name_a}, "
+                     f"{out['only_b']} only in {name_b})")
+    shared_set = set(shared)
+    fa = [r for key, r in ka.items() if key in shared_set]
+    fb = [r for key, r in kb.items() if key in shared_set]
+    oa, ob = paired_outcomes_from_records(fa, fb)
+    res = paired_difference(oa, ob, group_of(), n_boot=n_boot, seed=seed)
+    d, ci = res["S"]
+    out["S"] = {"diff": _finite(d), "ci": _ci(ci)}
+    out["groups"] = {g: {"diff": _finite(res["groups"].get(g, (None, None))[0]),
+                         "ci": _ci(res["groups"].get(g, (None, None))[1])} for g in GROUPS}
+    out["complete"] = bool(res["complete"])
+    out["missing"] = list(res["missing"])
+    if not res["complete"]:
+        notes.append(f"S n/a: no shared tries in {', '.join(res['missing'])}")
+    out["note"] = "; ".join(notes) or None
+    return out

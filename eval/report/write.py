@@ -1,0 +1,194 @@
+"""Writing a report into an output folder (:func:`write_report`).
+
+From one or several ``tries.jsonl`` files (one file = one model) this module
+writes, into an output folder:
+
+* ``summary.json``  -- one model: its summary (:func:`build_summary`);
+  several: ``{"models": {name: summary}, "paired": {"A - B": ...}}``.
+  All rates are fractions in 0..1 (fields named ``rate``, ``diff``, ``ci``);
+  n/a is ``null``.  Percentages only appear in the presentation files.
+* ``per_config.csv`` -- one row per model and setup: model, setup, name, group,
+  difficulty, k, n, rate, wilson_low, wilson_high, scored (the 30 scored
+  setups always, empty fields where a setup has no tries; full-board setups
+  only where they were run, with ``scored`` false).
+* ``REPORT.md``     -- leaderboard, by-group, by-difficulty and every-setup
+  tables, weakest setups, secondary metrics, full-board task, and for several
+  models the paired differences.
+* ``groups.png``    -- success per group (and S) with 95 % bootstrap bars.
+* ``heatmap.png``   -- setup x model success rates, annotated.
+
+Every file is staged beside its final name and renamed into place once all are written.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from env.setups import SCORED_IDS
+from eval.report.markdown import render_markdown
+from eval.report.plots import plot_groups, plot_heatmap, plot_latency
+from eval.report.summary import (
+    ReportError,
+    _split_records,
+    _validate,
+    build_summary,
+    load_tries,
+    paired_summary,
+    predicate_of,
+)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` beside ``path`` and rename it into place: readers never see half a file. An OSError
+    (disk full, read-only) becomes a one-line ReportError."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.partial")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise ReportError(f"{path}: cannot write ({e.strerror or e}): free space or fix permissions, then rerun "
+                          f"the same command (the tries are kept)") from None
+
+
+
+# --------------------------------------------------------------------------
+# Writing the report
+# --------------------------------------------------------------------------
+def _unique_names(names: list[str], paths: list[Path]) -> list[str]:
+    out: list[str] = []
+    for i, (n, p) in enumerate(zip(names, paths)):
+        cand = n
+        if names.count(n) > 1:
+            cand = f"{n} ({p.resolve().parent.name})"
+        base, k = cand, 2
+        while cand in out:
+            cand = f"{base} #{k}"
+            k += 1
+        out.append(cand)
+    return out
+
+
+def _csv_rows(name: str, s: dict) -> list[list[Any]]:
+    rows = []
+    for sid, e in list(s["setups"].items()) + list(s["full_board"].items()):
+        ci = e["ci"] or [None, None]
+        rows.append([name, sid, e["name"], e["group"], e["difficulty"], e["k"], e["n"],
+                     "" if e["rate"] is None else repr(float(e["rate"])),
+                     "" if ci[0] is None else repr(float(ci[0])), "" if ci[1] is None else repr(float(ci[1])),
+                     "true" if sid in SCORED_IDS else "false"])
+    return rows
+
+
+def write_report(tries_paths: Sequence[str | Path], out_dir: str | Path, *, names: Sequence[str] | None = None,
+                 n_boot: int = 5000, seed: int = 0, extra: Mapping[str, Any] | None = None,
+                 allow_mixed_predicates: bool = False) -> dict:
+    """Write summary.json, per_config.csv, REPORT.md, groups.png and heatmap.png
+    into ``out_dir`` for one model per tries file.  Returns what summary.json
+    holds.  ``names`` (one per file) override the model names, which else come
+    from the records' ``model`` field or the file's parent folder. ``extra`` (device, telemetry, profile:
+    what eval.orin measured beside the records) is added to every model's summary."""
+    paths = [Path(p) for p in tries_paths]
+    if not paths:
+        raise ReportError("no tries file given")
+    if names is not None and len(names) != len(paths):
+        raise ReportError(f"{len(names)} names for {len(paths)} tries files; give one --name per --tries")
+    records: list[list[dict]] = []
+    raw_names: list[str] = []
+    for i, p in enumerate(paths):
+        recs = load_tries(p)
+        if not recs:
+            raise ReportError(f"{p}: no tries")
+        try:
+            _validate(recs)
+        except ReportError as e:
+            raise ReportError(f"{p}: {e}") from None
+        records.append(recs)
+        if names is not None:
+            raw_names.append(str(names[i]))
+        else:
+            models = list(dict.fromkeys(str(r["model"]) for r in recs if r.get("model") is not None))
+            if len(models) > 1:
+                raise ReportError(f"{p}: records hold several models ({', '.join(models)}); one tries file = one model")
+            raw_names.append(models[0] if models else (p.resolve().parent.name or p.stem))
+    model_names = _unique_names(raw_names, paths)
+    versions = {}
+    for p, recs in zip(paths, records):
+        try:
+            versions[p] = predicate_of(recs)
+        except ReportError as e:
+            raise ReportError(f"{p}: {e}") from None
+    if len(set(versions.values())) > 1 and not allow_mixed_predicates:
+        raise ReportError("the runs were scored with different success predicates (" +
+                          ", ".join(f"{p}: v{v}" for p, v in versions.items()) +
+                          "); their numbers are not comparable: rerun the older one, or pass "
+                          "--allow-mixed-predicates to put them side by side anyway")
+
+    summaries: dict[str, dict] = {}
+    sources: dict[str, str] = {}
+    for n, p, recs in zip(model_names, paths, records):
+        try:
+            summaries[n] = build_summary(recs, model=n, n_boot=n_boot, seed=seed)
+        except ReportError as e:
+            raise ReportError(f"{p}: {e}") from None
+        summaries[n]["source"] = str(p)
+        summaries[n].update(extra or {})
+        batches_file = p.parent / "batches.jsonl"
+        if batches_file.exists():  # a --num-envs run: latency at batch N and throughput (eval.rollout)
+            from eval.rollout import batch_summary
+            from eval.runner import read_records
+
+            summaries[n]["batch"] = batch_summary(read_records(batches_file))
+        sources[n] = str(p)
+
+    paired: dict[str, dict] = {}
+    for i in range(len(model_names)):
+        for j in range(i + 1, len(model_names)):
+            a, b = model_names[i], model_names[j]
+            paired[f"{a} - {b}"] = paired_summary(records[i], records[j], name_a=a, name_b=b,
+                                                  n_boot=n_boot, seed=seed)
+
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ReportError(f"{out}: cannot create folder ({e.strerror or e})") from None
+    result = summaries[model_names[0]] if len(model_names) == 1 else {"models": summaries, "paired": paired}
+    queries = {n: [float(v) for r in _split_records(recs)[0] if isinstance(r.get("infer_ms"), list)
+                   for v in r["infer_ms"]] for n, recs in zip(model_names, records)}
+    # every file is written beside its final name first and renamed once all are written: a crash or a
+    # full disk leaves the previous report whole, never a truncated picture or a mix of two reports
+    staged: dict[str, Path] = {}
+
+    def stage(name: str) -> Path:
+        staged[name] = out / f".{Path(name).stem}.partial{Path(name).suffix}"
+        return staged[name]
+
+    try:
+        stage("summary.json").write_text(json.dumps(result, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+        with open(stage("per_config.csv"), "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["model", "setup", "name", "group", "difficulty", "k", "n", "rate", "wilson_low",
+                        "wilson_high", "scored"])
+            for n, s in summaries.items():
+                w.writerows(_csv_rows(n, s))
+        stage("REPORT.md").write_text(render_markdown(summaries, paired, sources), encoding="utf-8")
+        plot_groups(summaries, stage("groups.png"))
+        plot_heatmap(summaries, stage("heatmap.png"))
+        if any(queries.values()):
+            plot_latency(queries, stage("latency.png"))
+        for name, tmp in staged.items():
+            os.replace(tmp, out / name)
+        if "latency.png" not in staged:  # an earlier report's picture would describe other tries
+            (out / "latency.png").unlink(missing_ok=True)
+    except OSError as e:
+        raise ReportError(f"{out}: cannot write the report ({e.strerror or e}): free space or fix permissions, "
+                          f"then rerun the same command (the tries are kept)") from None
+    finally:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+    return result
