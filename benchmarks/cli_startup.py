@@ -37,7 +37,7 @@ def cli_modules() -> list[str]:
             if info.ispkg:  # a package's __main__.py is listed by iter_modules as its module __main__
                 walk(folder / info.name, name)
             if source.is_file() and MAIN_GUARD.search(source.read_text(encoding="utf-8", errors="replace")):
-                found.append(name)
+                found.append(prefix if info.name == "__main__" else name)  # a package's __main__: python -m pkg
 
     for pkg in PACKAGES:
         walk(ROOT / pkg, pkg)
