@@ -363,10 +363,10 @@ def rollout(scenes: Scenes, members: Sequence[Policy], split: str, try_indices: 
     return records, batch
 
 
-def run_try(env_scenes: Scenes, policy: Policy, split: str, try_index: int, tasklist=None,
+def run_try(scenes: Scenes, policy: Policy, split: str, try_index: int, tasklist=None,
             on_step: Callable[[str], None] | None = None, video_path: str | None = None) -> TryRecord:
     """One try on a scene of one (a rollout of one): its record."""
-    records, _ = rollout(env_scenes, [policy], split, [try_index], tasklist, on_step=on_step,
+    records, _ = rollout(scenes, [policy], split, [try_index], tasklist, on_step=on_step,
                          videos=[video_path] if video_path else None)
     return records[0]
 
