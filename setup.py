@@ -35,9 +35,11 @@ setup(
         # jax2onnx exports the JAX Octo graphs (engines.octo.export); 0.17 is the version checked here
         "export": ["onnx", "onnxruntime", "jax2onnx>=0.17,<0.18"],
         # TensorRT is not installed from PyPI here: on Jetson it comes with
-        # JetPack, on x86 from NVIDIA's pip index (see README). Kept as an
-        # (empty) extra so `pip install -e .[trt]` is a valid spelling.
-        "trt": [],
+        # JetPack, on x86 from NVIDIA's pip index (see README). cuda-python
+        # (the runner's CUDA calls) must not be newer than the driver's CUDA
+        # major: 13.x needs a CUDA 13 driver, JetPack 6 has CUDA 12.6 (12.x
+        # also runs on newer drivers). engines.runners checks it at runtime.
+        "trt": ["cuda-python>=12.6,<13"],
         "jetson": ["jetson-stats", "nvidia-ml-py"],
         "jax": ["jax", "flax", "orbax-checkpoint", "sentencepiece", "msgpack"],
         # eval.run --executor ray: plain ray is enough (ray[default] only adds the dashboard); checked with 2.60

@@ -13,9 +13,10 @@ OPTIONAL = {
     "jax": "pip install -e '.[jax]'",
     "flax": "pip install -e '.[jax]'",
     "tensorrt": "JetPack ships it on Jetson; on x86: pip install tensorrt (NVIDIA's index)",
-    "cuda": "pip install cuda-python",
-    "cuda.cudart": "pip install cuda-python",
-    "cuda.bindings": "pip install cuda-python",
+    # the CUDA major of the platform's driver: 12 on JetPack 6 (CUDA 12.6); 13.x needs a CUDA 13 driver
+    "cuda": "pip install -e '.[trt]' (cuda-python>=12.6,<13)",
+    "cuda.cudart": "pip install -e '.[trt]' (cuda-python>=12.6,<13)",
+    "cuda.bindings": "pip install -e '.[trt]' (cuda-python>=12.6,<13)",
     "jtop": "pip install -e '.[jetson]'",
     "pynvml": "pip install nvidia-ml-py",
     "ray": "pip install -e '.[ray]'",

@@ -13,6 +13,7 @@ on a CUDA stream, device buffers bound without a copy), :class:`CallableRunner`.
 from __future__ import annotations
 
 import abc
+import functools
 import os
 import time
 from pathlib import Path
@@ -188,20 +189,71 @@ class JaxRunner(Runner):
 
 
 # ------------------------------------------------------------------ TensorRT
+# cuda-python's major is the CUDA major it was built for; a newer major than the driver's cannot run
+# (cuda-python 13 needs a CUDA 13 driver; JetPack 6 has CUDA 12.6). setup.py's trt extra pins 12.x.
+CUDA_PYTHON_SPEC = "cuda-python>=12.6,<13"
+
+
+def _cuda_python_version(cudart) -> str | None:
+    """The installed cuda-python (or cuda-bindings) version, or None where no distribution says."""
+    from importlib import metadata
+
+    for dist in ("cuda-bindings", "cuda-python"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return getattr(cudart, "__version__", None)
+
+
+def check_cuda_python(bindings_version: str | None, driver_version: int) -> None:
+    """Refuse cuda-python built for a newer CUDA major than the driver's (one line saying what to install).
+
+    ``driver_version`` is cudaDriverGetVersion's (12060 for CUDA 12.6; 0 for no driver). An older
+    cuda-python on a newer driver is fine: drivers run code built for earlier CUDA majors."""
+    from engines.trt import TensorRTUnavailable
+
+    if driver_version <= 0:
+        raise TensorRTUnavailable("no CUDA driver is loaded (cudaDriverGetVersion gave 0); TensorRT needs one")
+    driver_major = driver_version // 1000
+    if bindings_version is None:
+        return  # nothing to compare (a source build); the first CUDA call will tell
+    try:
+        bindings_major = int(bindings_version.split(".")[0])
+    except ValueError:
+        return
+    if bindings_major > driver_major:
+        raise TensorRTUnavailable(
+            f"cuda-python {bindings_version} needs a CUDA {bindings_major} driver, this one is CUDA "
+            f"{driver_major}.{driver_version % 1000 // 10}; install: pip install '{CUDA_PYTHON_SPEC}'")
+
+
+@functools.lru_cache(maxsize=1)
 def _cudart():
-    """cuda-python's runtime module under either of its import paths (cuda.bindings since 12.6)."""
+    """cuda-python's runtime module under either of its import paths (cuda.bindings since 12.6), checked
+    once against the driver's CUDA major."""
     try:
         from cuda.bindings import runtime as cudart  # type: ignore[import-not-found]
     except ImportError:
-        cudart = require("cuda.cudart", "trt")  # older cuda-python; the error names what to install
+        try:
+            from cuda import cudart  # type: ignore[import-not-found,no-redef]  # cuda-python before 12.6
+        except ImportError:
+            from engines.optional import MissingDependencyError
+
+            raise MissingDependencyError(f"cuda-python is not installed; install it with: pip install "
+                                         f"'{CUDA_PYTHON_SPEC}' (or: pip install -e '.[trt]')") from None
+    check_cuda_python(_cuda_python_version(cudart), int(_cuda_check(cudart.cudaDriverGetVersion(),
+                                                                    "cudaDriverGetVersion")))
     return cudart
 
 
-def _cuda_check(result):
-    """cuda-python returns (err, *values); raise on an error, return the values."""
+def _cuda_check(result, what: str = "CUDA call"):
+    """cuda-python returns (err, *values); raise one line naming the call on an error, return the values."""
     err, *values = result if isinstance(result, tuple) else (result,)
     if int(err) != 0:
-        raise RuntimeError(f"CUDA error {err}")
+        raise RuntimeError(f"{what} failed: CUDA error {getattr(err, 'name', err)} ({int(err)})")
+    if not values:
+        return None
     return values[0] if len(values) == 1 else tuple(values)
 
 
@@ -214,22 +266,65 @@ class DeviceBuffer:
         self.shape = tuple(int(d) for d in shape)
         self.dtype = np.dtype(dtype)
         self.nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
-        self.ptr = int(_cuda_check(self.cudart.cudaMalloc(max(1, self.nbytes))))
+        self.ptr = int(_cuda_check(self.cudart.cudaMalloc(max(1, self.nbytes)), f"cudaMalloc({self.nbytes})"))
 
     def free(self) -> None:
         if self.ptr:
-            _cuda_check(self.cudart.cudaFree(self.ptr))
+            _cuda_check(self.cudart.cudaFree(self.ptr), "cudaFree")
             self.ptr = 0
 
 
-def _device_pointer(value) -> int | None:
-    """The device address of a GPU-resident feed, or None for a host array."""
+class DeviceFeed:
+    """A GPU-resident feed checked for binding by address: ``ptr``, ``shape``, ``dtype``, and the CUDA
+    ``stream`` its producer wrote it on (None: ready now)."""
+
+    __slots__ = ("ptr", "shape", "dtype", "stream")
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], dtype: np.dtype, stream: int | None = None) -> None:
+        self.ptr, self.shape, self.dtype, self.stream = ptr, shape, dtype, stream
+
+
+def _device_pointer(value, name: str = "input", dtype=None) -> DeviceFeed | None:
+    """A GPU-resident feed as a checked :class:`DeviceFeed`, or None for a host array.
+
+    ``__cuda_array_interface__`` feeds must have ``dtype`` (the engine's, when given), C-contiguous strides, no
+    mask and a valid stream (v3: None, or a nonzero handle); each violation raises one line naming ``name``."""
     if isinstance(value, DeviceBuffer):
-        return value.ptr
-    cai = getattr(value, "__cuda_array_interface__", None)
-    if cai is not None:
-        return int(cai["data"][0])
-    return None
+        feed = DeviceFeed(value.ptr, value.shape, value.dtype)
+    else:
+        cai = getattr(value, "__cuda_array_interface__", None)
+        if cai is None:
+            return None
+        try:
+            shape = tuple(int(d) for d in cai["shape"])
+            found = np.dtype(cai["typestr"])
+            ptr = int(cai["data"][0] or 0)
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise ValueError(f"input {name!r}: malformed __cuda_array_interface__ ({e})") from None
+        if cai.get("mask") is not None:
+            raise ValueError(f"input {name!r}: masked device arrays cannot be bound to TensorRT")
+        strides = cai.get("strides")
+        if strides is not None:
+            c_strides, step = [], found.itemsize
+            for d in reversed(shape):
+                c_strides.append(step)
+                step *= d
+            c_strides.reverse()
+            # an axis of length 1 (or an empty array) may carry any stride without changing the layout
+            if any(s != c for s, c, d in zip(strides, c_strides, shape) if d > 1) and 0 not in shape:
+                raise ValueError(f"input {name!r}: device array with strides {tuple(strides)} is not C-contiguous "
+                                 f"(TensorRT reads it as dense); pass a contiguous one (torch: .contiguous())")
+        stream = cai.get("stream")
+        if stream is not None and (not isinstance(stream, int) or isinstance(stream, bool) or stream == 0):
+            raise ValueError(f"input {name!r}: __cuda_array_interface__ stream {stream!r} is not valid "
+                             "(None or a nonzero stream handle)")
+        if ptr == 0 and int(np.prod(shape)) > 0:
+            raise ValueError(f"input {name!r}: device array has a null data pointer")
+        feed = DeviceFeed(ptr, shape, found, stream)
+    if dtype is not None and feed.dtype != np.dtype(dtype):
+        raise ValueError(f"input {name!r}: device array has dtype {feed.dtype}, the engine takes {np.dtype(dtype)}; "
+                         "convert it on the device first")
+    return feed
 
 
 class TensorRtRunner(Runner):
@@ -237,22 +332,32 @@ class TensorRtRunner(Runner):
 
     Feeds may be host numpy arrays (copied into the runner's device buffers) or
     device buffers (a :class:`DeviceBuffer` or anything with
-    ``__cuda_array_interface__``), bound by address without a copy, so a
-    GPU-resident camera frame goes straight in. Outputs come back as numpy
-    arrays. ``cuda_graph`` captures the enqueue once per input shape and replays
-    it (fewer launches; the addresses of device feeds must then stay fixed).
-    ``expected_key`` (an :class:`engines.trt.EngineKey`) refuses an engine built
-    for another system before deserialising it. tensorrt and cuda-python are
-    imported on activate.
+    ``__cuda_array_interface__``, e.g. a torch CUDA tensor), bound by address
+    without a copy, so a GPU-resident camera frame goes straight in; a device
+    feed must have the engine's dtype and be C-contiguous, and work pending on
+    the stream it names is waited for. This is the project's one TensorRT
+    binding path. Outputs come back as numpy arrays. Every TensorRT call that
+    reports failure (an input shape outside the profile, a refused address, a
+    failed enqueue) raises one line. ``cuda_graph`` captures the enqueue once
+    per set of input shapes and bound addresses and replays it (fewer
+    launches); a device feed at a new address gets its own capture, so a
+    replay never reads a stale pointer. ``counter`` (a
+    :class:`jetson.zero_copy.CopyCounter`) counts the bytes of host feeds
+    copied to the device (device feeds count 0; outputs, which always come
+    back, are not counted). ``expected_key`` (an
+    :class:`engines.trt.EngineKey`) refuses an engine built for another system
+    before deserialising it. tensorrt and cuda-python are imported on activate.
     """
 
     name = "trt"
+    MAX_GRAPHS = 8  # captured CUDA graphs kept (per shapes and addresses); the oldest is destroyed beyond
 
-    def __init__(self, engine_path: str | Path, expected_key=None, cuda_graph: bool = False) -> None:
+    def __init__(self, engine_path: str | Path, expected_key=None, cuda_graph: bool = False, counter=None) -> None:
         super().__init__()
         self.engine_path = Path(engine_path)
         self.expected_key = expected_key
         self.cuda_graph = cuda_graph
+        self.counter = counter
         self.last_gpu_ms: float | None = None
 
     def _activate(self) -> None:
@@ -271,19 +376,31 @@ class TensorRtRunner(Runner):
         self.trt = trt
         self.logger = trt.Logger(trt.Logger.ERROR)
         self.runtime = trt.Runtime(self.logger)
+        if self.runtime is None:
+            raise RuntimeError(f"TensorRT could not create a runtime for {self.engine_path.name}")
         self.engine = self.runtime.deserialize_cuda_engine(self.engine_path.read_bytes())
         if self.engine is None:
             raise BadModelFileError(f"engine {self.engine_path} is corrupt, truncated or from another TensorRT "
                                     "version; rebuild it with: make engines")
         self.context = self.engine.create_execution_context()
-        self.stream = _cuda_check(self.cudart.cudaStreamCreate())
+        if self.context is None:
+            raise RuntimeError(f"TensorRT could not create an execution context for {self.engine_path.name} "
+                               "(out of device memory?)")
+        self._setup()
+
+    def _setup(self) -> None:
+        """Stream, events and tensor lists of an engine and context already in place (tests give fakes)."""
+        trt, cudart = self.trt, self.cudart
+        self.stream = _cuda_check(cudart.cudaStreamCreate(), "cudaStreamCreate")
         self.names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.inputs = [n for n in self.names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in self.names if n not in self.inputs]
         self.buffers: dict[str, DeviceBuffer] = {}
-        self.graphs: dict[tuple, Any] = {}
-        self.start = _cuda_check(self.cudart.cudaEventCreate())
-        self.stop = _cuda_check(self.cudart.cudaEventCreate())
+        self.graphs: dict[tuple, tuple] = {}  # key -> (graph, graph exec), oldest first
+        self._seen: tuple | None = None
+        self._sync = _cuda_check(cudart.cudaEventCreate(), "cudaEventCreate")  # waits on a producer's stream
+        self.start = _cuda_check(cudart.cudaEventCreate(), "cudaEventCreate")
+        self.stop = _cuda_check(cudart.cudaEventCreate(), "cudaEventCreate")
 
     def _buffer(self, name: str, shape, dtype) -> DeviceBuffer:
         buf = self.buffers.get(name)
@@ -291,67 +408,126 @@ class TensorRtRunner(Runner):
             if buf is not None:
                 buf.free()
             buf = self.buffers[name] = DeviceBuffer(tuple(shape), dtype)
-            self.graphs.clear()  # captured graphs hold the old addresses
         return buf
 
-    def _infer(self, feeds):
+    def _shape_error(self, name: str, shape) -> str:
+        allowed = ""
+        try:
+            lo, _, hi = self.engine.get_tensor_profile_shape(name, 0)
+            allowed = f"; its profile allows {tuple(lo)} to {tuple(hi)}"
+        except Exception:  # noqa: BLE001 - the range is a courtesy in the message
+            pass
+        return f"TensorRT engine {self.engine_path.name} refused shape {tuple(shape)} for input {name!r}{allowed}"
+
+    def _bind(self, feeds) -> tuple:
+        """Set every input's shape and address (host feeds copied in), every output's address; returns the
+        key of this binding: shapes and addresses."""
         cudart, trt = self.cudart, self.trt
-        h2d, d2h = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        h2d = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
         missing = [n for n in self.inputs if n not in feeds]
         if missing:
             raise ValueError(f"TensorRT engine {self.engine_path.name} needs inputs {', '.join(missing)}")
-        shapes = []
+        key = []
         for name in self.inputs:
             value = feeds[name]
-            shape = tuple(int(d) for d in value.shape)
-            self.context.set_input_shape(name, shape)
-            shapes.append(shape)
-            ptr = _device_pointer(value)
-            if ptr is None:
-                host = np.ascontiguousarray(value, trt.nptype(self.engine.get_tensor_dtype(name)))
-                buf = self._buffer(name, shape, host.dtype)
-                _cuda_check(cudart.cudaMemcpyAsync(buf.ptr, host.ctypes.data, host.nbytes, h2d, self.stream))
+            dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype(name)))
+            dev = _device_pointer(value, name, dtype)
+            if dev is None:
+                host = np.ascontiguousarray(value, dtype)
+                shape = tuple(int(d) for d in host.shape)
+            else:
+                shape = dev.shape
+            if not self.context.set_input_shape(name, shape):
+                raise ValueError(self._shape_error(name, shape))
+            if dev is None:
+                buf = self._buffer(name, shape, dtype)
+                _cuda_check(cudart.cudaMemcpyAsync(buf.ptr, host.ctypes.data, host.nbytes, h2d, self.stream),
+                            f"copy of input {name!r} to the device")
+                if self.counter is not None:
+                    self.counter.add_h2d(host.nbytes)
                 ptr = buf.ptr
-            self.context.set_tensor_address(name, ptr)
+            else:
+                ptr = dev.ptr
+                if dev.stream is not None and dev.stream != int(self.stream):
+                    # the producer's work on its stream must finish before the engine reads (CAI v3)
+                    _cuda_check(cudart.cudaEventRecord(self._sync, dev.stream), f"event on input {name!r}'s stream")
+                    _cuda_check(cudart.cudaStreamWaitEvent(self.stream, self._sync, 0),
+                                f"wait for input {name!r}'s stream")
+            if not self.context.set_tensor_address(name, ptr):
+                raise ValueError(f"TensorRT engine {self.engine_path.name} refused address {ptr:#x} for input {name!r}")
+            key.append((name, shape, ptr))
+        for name in self.outputs:
+            shape = tuple(int(d) for d in self.context.get_tensor_shape(name))
+            if any(d < 0 for d in shape):
+                raise RuntimeError(f"TensorRT engine {self.engine_path.name} cannot size output {name!r} ({shape}) "
+                                   "from these input shapes")
+            buf = self._buffer(name, shape, trt.nptype(self.engine.get_tensor_dtype(name)))
+            if not self.context.set_tensor_address(name, buf.ptr):
+                raise RuntimeError(f"TensorRT engine {self.engine_path.name} refused address {buf.ptr:#x} "
+                                   f"for output {name!r}")
+            key.append((name, shape, buf.ptr))
+        return tuple(key)
+
+    def _enqueue(self) -> None:
+        if not self.context.execute_async_v3(self.stream):
+            raise RuntimeError(f"TensorRT execute_async_v3 failed for {self.engine_path.name}")
+
+    def _capture(self, key: tuple) -> Any:
+        cudart = self.cudart
+        mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeGlobal
+        _cuda_check(cudart.cudaStreamBeginCapture(self.stream, mode), "cudaStreamBeginCapture")
+        try:
+            ok = self.context.execute_async_v3(self.stream)
+        finally:
+            graph = _cuda_check(cudart.cudaStreamEndCapture(self.stream), "cudaStreamEndCapture")
+        if not ok:
+            cudart.cudaGraphDestroy(graph)
+            raise RuntimeError(f"TensorRT execute_async_v3 failed for {self.engine_path.name} (CUDA graph capture)")
+        exe = _cuda_check(cudart.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+        if len(self.graphs) >= self.MAX_GRAPHS:
+            self._destroy_graph(next(iter(self.graphs)))
+        self.graphs[key] = (graph, exe)
+        return exe
+
+    def _destroy_graph(self, key: tuple) -> None:
+        graph, exe = self.graphs.pop(key)
+        self.cudart.cudaGraphExecDestroy(exe)
+        self.cudart.cudaGraphDestroy(graph)
+
+    def _infer(self, feeds):
+        cudart = self.cudart
+        d2h = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        key = self._bind(feeds)
+        _cuda_check(cudart.cudaEventRecord(self.start, self.stream), "cudaEventRecord")
+        if self.cuda_graph and key in self.graphs:
+            _cuda_check(cudart.cudaGraphLaunch(self.graphs[key][1], self.stream), "cudaGraphLaunch")
+        elif self.cuda_graph and self._seen == key:
+            # the first call with a binding runs normally (TensorRT allocates on it), the second captures
+            _cuda_check(cudart.cudaGraphLaunch(self._capture(key), self.stream), "cudaGraphLaunch")
+        else:
+            self._enqueue()
+            self._seen = key
+        _cuda_check(cudart.cudaEventRecord(self.stop, self.stream), "cudaEventRecord")
         hosts = {}
         for name in self.outputs:
-            shape = tuple(self.context.get_tensor_shape(name))
-            dtype = trt.nptype(self.engine.get_tensor_dtype(name))
-            buf = self._buffer(name, shape, dtype)
-            self.context.set_tensor_address(name, buf.ptr)
-            hosts[name] = np.empty(shape, dtype)
-        _cuda_check(cudart.cudaEventRecord(self.start, self.stream))
-        key = tuple(shapes)
-        if self.cuda_graph and key in self.graphs:
-            _cuda_check(cudart.cudaGraphLaunch(self.graphs[key], self.stream))
-        elif self.cuda_graph:
-            # the first call runs normally (TensorRT allocates on it), the capture happens on the second
-            if getattr(self, "_seen", None) == key:
-                mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeGlobal
-                _cuda_check(cudart.cudaStreamBeginCapture(self.stream, mode))
-                self.context.execute_async_v3(self.stream)
-                graph = _cuda_check(cudart.cudaStreamEndCapture(self.stream))
-                self.graphs[key] = _cuda_check(cudart.cudaGraphInstantiate(graph, 0))
-                _cuda_check(cudart.cudaGraphLaunch(self.graphs[key], self.stream))
-            elif not self.context.execute_async_v3(self.stream):
-                raise RuntimeError(f"TensorRT failed to run {self.engine_path.name}")
-            self._seen = key
-        elif not self.context.execute_async_v3(self.stream):
-            raise RuntimeError(f"TensorRT failed to run {self.engine_path.name}")
-        _cuda_check(cudart.cudaEventRecord(self.stop, self.stream))
-        for name in self.outputs:
-            h = hosts[name]
-            _cuda_check(cudart.cudaMemcpyAsync(h.ctypes.data, self.buffers[name].ptr, h.nbytes, d2h, self.stream))
-        _cuda_check(cudart.cudaStreamSynchronize(self.stream))
-        self.last_gpu_ms = float(_cuda_check(cudart.cudaEventElapsedTime(self.start, self.stop)))
+            buf = self.buffers[name]
+            h = hosts[name] = np.empty(buf.shape, buf.dtype)
+            _cuda_check(cudart.cudaMemcpyAsync(h.ctypes.data, buf.ptr, h.nbytes, d2h, self.stream),
+                        f"copy of output {name!r} to the host")
+        _cuda_check(cudart.cudaStreamSynchronize(self.stream), f"TensorRT run of {self.engine_path.name}")
+        self.last_gpu_ms = float(_cuda_check(cudart.cudaEventElapsedTime(self.start, self.stop),
+                                             "cudaEventElapsedTime"))
         return hosts
 
     def _deactivate(self) -> None:
-        for buf in self.buffers.values():
+        for key in list(getattr(self, "graphs", {})):
+            self._destroy_graph(key)
+        for buf in getattr(self, "buffers", {}).values():
             buf.free()
-        self.buffers.clear()
-        self.graphs.clear()
+        self.buffers = {}
         if getattr(self, "stream", None) is not None:
+            for event in (self._sync, self.start, self.stop):
+                self.cudart.cudaEventDestroy(event)
             self.cudart.cudaStreamDestroy(self.stream)
             self.stream = None
         self.context = self.engine = self.runtime = None

@@ -9,7 +9,8 @@
   or a null source that says why there is nothing); ``summary()`` gives energy,
   energy per query and per successful try.
 - :mod:`jetson.zero_copy`: frames to engine inputs without copies (numpy views on the
-  CPU, device pointers for TensorRT) and a per-step counter of host<->device bytes.
+  CPU, DLPack into JAX; TensorRT binds device pointers in
+  :class:`engines.runners.TensorRtRunner`) and a per-step counter of host<->device bytes.
 
 Every module imports on a CPU-only machine; jtop, pynvml, torch and tensorrt are
 imported only when used.

@@ -503,76 +503,50 @@ def test_torch_cpu_tensor_is_viewed_not_copied():
     assert view[0, 0, 0, 0] == 7 and view.shape == (1, 16, 16, 3)
 
 
-class FakeCudaTensor:
-    """What TensorRTBinder needs from a torch CUDA tensor, for testing the binding logic on a CPU."""
-    is_cuda = True
+# TensorRT binding by device pointer is TensorRtRunner's (engines/runners.py); these check it with the fake
+# tensorrt and cuda-python of tests/fake_trt.py (the "device" is host memory) and, where there is one, on a GPU.
+def test_tensorrt_runner_passes_device_pointers_without_copies(monkeypatch, tmp_path):
+    from engines.runners import TensorRtRunner
+    from tests import fake_trt
 
-    def __init__(self, shape, ptr):
-        self.shape, self.ptr = shape, ptr
-
-    def is_contiguous(self):
-        return True
-
-    def data_ptr(self):
-        return self.ptr
-
-    def element_size(self):
-        return 1
-
-    def numel(self):
-        return int(np.prod(self.shape))
-
-
-class FakeContext:
-    def __init__(self):
-        self.addresses, self.shapes = {}, {}
-
-    def set_input_shape(self, name, shape):
-        self.shapes[name] = shape
-        return True
-
-    def set_tensor_address(self, name, ptr):
-        self.addresses[name] = ptr
-        return True
+    f = fake_trt.install(monkeypatch)
+    engine = tmp_path / "fake.engine"
+    engine.write_bytes(fake_trt.ENGINE_BYTES)
+    counter = zc.CopyCounter()
+    frame = fake_trt.DeviceArray(np.array([[1, -1, 2, -2]], np.float32))
+    with TensorRtRunner(engine, counter=counter) as runner:
+        runner.infer({"x": frame})
+        assert runner.context.addresses["x"] == frame.array.ctypes.data
+        assert runner.context.shape_calls == [("x", (1, 4))]
+        assert counter.end_step() == 0 and f.cudart.h2d == 0  # bound as is: nothing crossed the bus
+        host = np.zeros((1, 4), np.float32)
+        runner.infer({"x": host})  # a host frame is copied to the device, and counted
+        assert counter.end_step() == host.nbytes and f.cudart.h2d == 1
+    assert counter.per_step == [0, host.nbytes] and not counter.report()["zero_copy"]
 
 
-def test_tensorrt_binder_passes_device_pointers_without_copies():
-    ctx, counter = FakeContext(), zc.CopyCounter()
-    binder = zc.TensorRTBinder(ctx, counter)
-    frame = FakeCudaTensor((1, 128, 128, 3), 0x7F0000001000)
-    assert binder.bind_input("image", frame) == 0x7F0000001000
-    binder.bind_output("action", FakeCudaTensor((1, 7), 0x7F0000002000))
-    assert ctx.addresses == {"image": 0x7F0000001000, "action": 0x7F0000002000}
-    assert ctx.shapes == {"image": (1, 128, 128, 3)}
-    counter.end_step()
-    assert counter.report()["zero_copy"] and counter.per_step == [0]
-    with pytest.raises(zc.ZeroCopyError, match="must be a CUDA tensor"):
-        binder.bind_output("x", np.zeros(3))
-
-
-def test_cuda_frame_binding_counts_nothing_and_cpu_frame_counts_bytes():
+def test_cuda_frame_to_the_host_is_counted():
     reason = zc.cuda_unavailable_reason()
     if reason:
         pytest.skip(f"needs CUDA: {reason}")
     import torch
 
-    ctx, counter = FakeContext(), zc.CopyCounter()
-    binder = zc.TensorRTBinder(ctx, counter)
+    counter = zc.CopyCounter()
     gpu = torch.zeros((1, 64, 64, 3), dtype=torch.uint8, device="cuda")
-    assert binder.bind_input("image", gpu) == gpu.data_ptr() and counter.end_step() == 0
-    binder.bind_input("image", np.zeros((1, 64, 64, 3), np.uint8))
-    assert counter.end_step() == 64 * 64 * 3
     host = zc.as_host_view(gpu, counter)
     assert host.shape == (1, 64, 64, 3) and counter.d2h_bytes == 64 * 64 * 3
 
 
-def test_tensorrt_engine_binding_on_gpu():
-    reason = zc.cuda_unavailable_reason()
-    from engines.optional import available
-    if reason or not available("tensorrt"):
-        pytest.skip(f"needs CUDA and TensorRT: {reason or 'tensorrt is not installed'}")
+def test_tensorrt_engine_binding_on_gpu(tmp_path):
+    from engines import trt as trt_cache
+
+    reason = zc.cuda_unavailable_reason() or trt_cache.unavailable_reason()
+    if reason:
+        pytest.skip(f"needs CUDA and TensorRT: {reason}")
     import tensorrt as trt
     import torch
+
+    from engines.runners import TensorRtRunner
 
     logger = trt.Logger(trt.Logger.ERROR)
     builder = trt.Builder(logger)
@@ -580,15 +554,12 @@ def test_tensorrt_engine_binding_on_gpu():
     x = net.add_input("image", trt.float32, (1, 8))
     net.mark_output(net.add_activation(x, trt.ActivationType.RELU).get_output(0))
     net.get_output(0).name = "out"
-    engine = trt.Runtime(logger).deserialize_cuda_engine(
-        builder.build_serialized_network(net, builder.create_builder_config()))
-    ctx = engine.create_execution_context()
+    engine = tmp_path / "relu.engine"
+    engine.write_bytes(bytes(builder.build_serialized_network(net, builder.create_builder_config())))
     counter = zc.CopyCounter()
-    binder = zc.TensorRTBinder(ctx, counter)
     inp = torch.linspace(-1, 1, 8, device="cuda").reshape(1, 8)
-    out = torch.empty((1, 8), device="cuda")
-    binder.bind_input("image", inp)
-    binder.bind_output("out", out)
-    binder.execute()
     torch.cuda.synchronize()
-    assert torch.allclose(out, inp.clamp(min=0)) and counter.end_step() == 0
+    with TensorRtRunner(engine, counter=counter) as runner:
+        out = runner.infer({"image": inp})["out"]
+    np.testing.assert_allclose(out, inp.clamp(min=0).cpu().numpy())
+    assert counter.end_step() == 0

@@ -1,15 +1,18 @@
-"""TensorRT engine cache keys: a changed field refuses the engine; no GPU here means a visible skip."""
+"""TensorRT engine cache keys: a changed field refuses the engine, the file name tells TensorRT majors and
+profiles apart, an older sidecar is refused; no GPU here means a visible skip."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 from engines import trt
 from engines.onnx_utils import BadModelFileError
 
-KEY = trt.EngineKey("ab" * 32, "10.3.0", "Orin", "8.7", "fp16", 1, 1, 4, "36.4")
+KEY = trt.EngineKey("ab" * 32, "10.3.0", "Orin", "8.7", "fp16", 1, 1, 4, "36.4",
+                    "state:1x40/1x40/4x40", trt.AS_IS)
 
 
 def test_every_changed_field_refuses_the_engine(tmp_path):
@@ -23,6 +26,23 @@ def test_every_changed_field_refuses_the_engine(tmp_path):
         with pytest.raises(trt.EngineMismatchError) as e:
             trt.check_engine(engine, other)
         assert f.name in str(e.value) and "\n" not in str(e.value)
+
+
+def test_file_name_holds_tensorrt_major_precision_batch_and_profile():
+    stem = KEY.file_stem("bc_state")
+    assert stem.startswith("bc_state_fp16_trt10_b4_p") and stem.endswith("_" + "ab" * 6)
+    assert dataclasses.replace(KEY, tensorrt="11.0.0").file_stem("bc_state").startswith("bc_state_fp16_trt11_")
+    assert dataclasses.replace(KEY, profile="state:1x40/1x40/4x41").file_stem("bc_state") != stem
+
+
+def test_sidecar_from_before_profiles_is_refused(tmp_path):
+    engine = tmp_path / "m.engine"
+    engine.write_bytes(b"\0" * 16)
+    old = {k: v for k, v in dataclasses.asdict(KEY).items() if k not in ("profile", "graph")}
+    engine.with_suffix(".json").write_text(json.dumps({"key": old}))
+    with pytest.raises(trt.EngineMismatchError, match="profile: engine '', here 'state:1x40/1x40/4x40'") as e:
+        trt.check_engine(engine, KEY)
+    assert "make engines" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_missing_or_broken_sidecar_and_engine(tmp_path):
