@@ -45,6 +45,21 @@ to 34 mJ and leave the board. A tighter cap (0.2 m/s) also slowed how fast the
 closing fingers are pushed out of a grasped block, so grasps closed further into
 the knob than under v1; at 1 m/s grasps are v1's and no block leaves the board.
 Gains that remain are flagged ``glitch`` (``benchmarks/wrong_hole_energy.py``).
+
+**GPU scenes** (``sim_backend="physx_cuda"``, ``num_envs`` N). ManiSkill calls ``_after_control_step`` before
+its own fetch of the GPU buffers; the predicate still reads the step's own state, because the per-substep
+monitor fetches every buffer after each substep (``_after_simulation_step``), the last one included. A
+shove or nudge writes its scene's rows of the rigid-body buffer and pushes them into PhysX at once
+(``px.gpu_apply_rigid_dynamic_data``), before ManiSkill's fetch would overwrite them, so that it acts on the
+next step as on the CPU. A reset of some scenes (``options["env_idx"]``) writes only their rows of the
+per-scene state (``starts``, ``instructions``, active and target blocks, counters, flags); a start drawn from
+a seed uses the seed of the scene's own index, so a partial reset needs one seed per scene (N) or none.
+Appearance, per scene where ManiSkill renders each sub-scene apart: the key light (each sub-scene has its
+own lights) and the third-person camera pose (each sub-scene has its own render camera). Colours cannot
+differ between sub-scenes: SAPIEN builds every sub-scene's render shapes of an actor with the same material
+objects (the table's come from one cached model), so a colour set on one is set on all. A batch whose
+scenes would differ in colours is refused with one line, and the caller splits its batches by colours;
+with ``render_backend="none"`` nothing is rendered and appearance is not applied or checked.
 """
 
 from __future__ import annotations
@@ -231,6 +246,67 @@ def next_streak(streak, success_now):
     return torch.where(success_now, streak + 1, torch.zeros_like(streak))
 
 
+# ----------------------------------------------------------- per-scene rows of a (partial) reset
+def reset_rows(env_idx, n: int) -> list[int]:
+    """The scene indices a reset writes, in the order of its per-scene inputs (starts, seeds)."""
+    rows = [int(i) for i in (env_idx.tolist() if hasattr(env_idx, "tolist") else env_idx)]
+    if len(set(rows)) != len(rows) or not all(0 <= r < n for r in rows):
+        raise ValueError(f"reset env_idx {rows} must name distinct scenes of 0..{n - 1}")
+    return rows
+
+
+def _full(rows: list[int], n: int) -> bool:
+    return sorted(rows) == list(range(n))
+
+
+def write_rows(full: list | None, rows: list[int], values: list, n: int) -> list:
+    """A per-scene list of N entries with ``rows`` set to ``values`` and every other entry kept."""
+    if len(values) != len(rows):
+        raise ValueError(f"got {len(values)} values for {len(rows)} scenes")
+    if rows == list(range(n)):
+        return list(values)
+    if full is None or len(full) != n:
+        if not _full(rows, n):
+            raise ValueError(f"a partial reset of scenes {rows} needs a reset of all {n} scenes first")
+        full = [None] * n
+    out = list(full)
+    for r, v in zip(rows, values):
+        out[r] = v
+    return out
+
+
+def write_tensor_rows(full: torch.Tensor | None, rows: list[int], values: torch.Tensor, n: int) -> torch.Tensor:
+    """``write_rows`` for a tensor batch first: rows of ``full`` replaced in place, the others kept."""
+    if rows == list(range(n)):
+        return values
+    if full is None or full.shape[0] != n:
+        if not _full(rows, n):
+            raise ValueError(f"a partial reset of scenes {rows} needs a reset of all {n} scenes first")
+        full = values.new_zeros((n, *values.shape[1:]))
+    full[torch.tensor(rows, device=full.device)] = values.to(full.device)
+    return full
+
+
+def episode_seeds(episode_seed, rows: list[int], n: int) -> list[int]:
+    """The episode seed of each reset scene, by the scene's index among the N. ManiSkill keeps a seed list
+    given to ``reset`` as given, so a partial reset with a seed per reset scene only would index it wrongly."""
+    seeds = np.atleast_1d(np.asarray(episode_seed))
+    if len(seeds) != n:
+        raise ValueError(f"a reset of scenes {rows} draws starts from per-scene seeds, but there are {len(seeds)} "
+                         f"seeds for {n} scenes: give reset() one seed per scene (all {n}), or the starts")
+    return [int(seeds[r]) for r in rows]
+
+
+def check_shared_appearance(starts: list, fields: tuple[str, ...]) -> None:
+    """Refuse (one line) scenes of one batch that differ in an appearance field their sub-scenes share."""
+    for name in fields:
+        values = [getattr(st, name) for st in starts]
+        if any(v != values[0] for v in values[1:]):
+            raise ValueError(f"the scenes of one GPU batch share {name} (SAPIEN gives every sub-scene the same "
+                             f"render materials and lights here): tries that differ in {name} cannot run in one "
+                             f"batch; split the batch by {name}, or build the env with render_backend='none'")
+
+
 @register_env(ENV_ID, max_episode_steps=300)
 class ShapeAssemblyEnv(BaseEnv):
     __doc__ = __doc__
@@ -298,12 +374,15 @@ class ShapeAssemblyEnv(BaseEnv):
         self.scene.set_ambient_light(list(ambient))
         for direction, color in lights:
             self.scene.add_directional_light(list(direction), list(color))
+        # the lights of each sub-scene, in the order added (the key light first)
         self._lights = [
-            c for sub in self.scene.sub_scenes for e in sub.entities if e.name == "directional_light"
-            for c in e.components if isinstance(c, sapien.render.RenderDirectionalLightComponent)
+            [c for e in sub.entities if e.name == "directional_light"
+             for c in e.components if isinstance(c, sapien.render.RenderDirectionalLightComponent)]
+            for sub in self.scene.sub_scenes
         ]
 
     def _load_scene(self, options: dict):
+        self._lights = []  # ManiSkill loads lighting only where it can render (not with render_backend="none")
         self.table_scene = TableSceneBuilder(self, robot_init_qpos_noise=0.0)
         self.table_scene.build()
         self.clearance = self.task_setup.clearance_m
@@ -400,14 +479,22 @@ class ShapeAssemblyEnv(BaseEnv):
 
     # ----------------------------------------------------------------- episode
     def _initialize_episode(self, env_idx: torch.Tensor, options: dict):
-        b = len(env_idx)
+        n = self.num_envs
+        rows = reset_rows(env_idx, n)  # the scenes reset, in the order of the given starts
+        b = len(rows)
         starts = options.get("starts") or ([options["start"]] * b if options.get("start") is not None else None)
         if starts is None:
-            starts = [sample_start(self.task_setup, np.random.default_rng(int(self._episode_seed[i]))) for i in range(b)]
+            starts = [sample_start(self.task_setup, np.random.default_rng(seed))
+                      for seed in episode_seeds(self._episode_seed, rows, n)]
         starts = [s if isinstance(s, StartState) else StartState.from_dict(s) for s in starts]
         if len(starts) != b:
             raise ValueError(f"got {len(starts)} start states for {b} scenes")
-        self.starts = starts
+        # ManiSkill writes the reset scenes' rows in ascending order (its reset mask): order the starts so
+        order = sorted(range(b), key=rows.__getitem__)
+        rows, starts = [rows[j] for j in order], [starts[j] for j in order]
+        all_starts = write_rows(getattr(self, "starts", None), rows, starts, n)
+        self._check_appearance(all_starts)  # before the task writes anything: a refused reset keeps its state
+        self.starts = all_starts
         with torch.device(self.device):
             self.table_scene.initialize(env_idx)
             self.agent.reset(torch.tensor(self.arm.rest_qpos, dtype=torch.float32).repeat(b, 1))
@@ -421,17 +508,20 @@ class ShapeAssemblyEnv(BaseEnv):
             for k, kind in enumerate(geometry.DISTRACTOR_HEIGHT):
                 placed = [next((x for x in st.distractors if x.kind == kind), None) for st in starts]
                 self._place(self.distractors[kind], placed, geometry.DISTRACTOR_HEIGHT[kind], park_slot=3 + k)
-            self._active = torch.tensor([[any(x.shape == s for x in st.blocks) for s in geometry.SHAPES] for st in starts])
-            self._target_mask = torch.tensor(
+            active = torch.tensor([[any(x.shape == s for x in st.blocks) for s in geometry.SHAPES] for st in starts])
+            target = torch.tensor(
                 [[st.target in ("all", s) and any(x.shape == s for x in st.blocks) for s in geometry.SHAPES] for st in starts]
             )
-        self._active_np = self._active[0].numpy().copy()  # CPU substep monitor: one scene
-        self._active_idx = [k for k in range(3) if self._active_np[k]]
+        self._active = write_tensor_rows(getattr(self, "_active", None), rows, active, n)
+        self._target_mask = write_tensor_rows(getattr(self, "_target_mask", None), rows, target, n)
+        if not self.gpu_sim_enabled:
+            self._active_np = self._active[0].numpy().copy()  # CPU substep monitor: one scene
+            self._active_idx = [k for k in range(3) if self._active_np[k]]
         self._grip_idx = list(self.arm.gripper_qpos_idx)
-        self.instructions = [
+        self.instructions = write_rows(getattr(self, "instructions", None), rows, [
             INSTRUCTION_FULL_BOARD if st.target == "all" else INSTRUCTION.format(shape=st.target) for st in starts
-        ]
-        self._apply_appearance(starts[0])
+        ], n)
+        self._apply_appearance(rows)
         self._reset_task_state(env_idx)
 
     def _place(self, actor, placed, height, park_slot):
@@ -449,8 +539,25 @@ class ShapeAssemblyEnv(BaseEnv):
         actor.set_linear_velocity(torch.zeros((b, 3)))
         actor.set_angular_velocity(torch.zeros((b, 3)))
 
-    def _apply_appearance(self, start: StartState) -> None:
-        """Colours, key light and camera pose of a try: they change images only, never physics."""
+    def _lights_per_scene(self) -> bool:
+        """Each sub-scene has its own lights (not so when ManiSkill puts every scene in one for its GUI)."""
+        return len(self._lights) == self.num_envs and all(self._lights)
+
+    def _check_appearance(self, starts: list) -> None:
+        """Refuse a batch whose scenes differ in an appearance property their sub-scenes share (see GPU scenes)."""
+        if self.num_envs == 1 or not self.scene.can_render():
+            return
+        camera = self._sensors.get(THIRD_PERSON_CAMERA)
+        shared = ("colors",) + (() if self._lights_per_scene() else ("light_color",)) + (
+            () if camera is None or len(camera.camera._render_cameras) == self.num_envs else ("camera_offset",))
+        check_shared_appearance(starts, shared)
+
+    def _apply_appearance(self, rows: list[int]) -> None:
+        """Colours, key light and camera pose of the tries of scenes ``rows``: they change images only, never
+        physics. Colours are shared by all sub-scenes (``_check_appearance`` saw that the batch agrees on them)."""
+        if not self.scene.can_render():
+            return  # nothing is rendered (render_backend="none"): no render bodies, lights or cameras to set
+        start = self.starts[rows[0]]
         colors = start.colors or {}
         for shape, actor in self.blocks.items():
             _set_actor_color(actor, colors.get(shape, DEFAULT_BLOCK_RGB[shape]))
@@ -458,12 +565,21 @@ class ShapeAssemblyEnv(BaseEnv):
         if "table" in colors:  # only setups that draw colours draw the table's, for every try
             for entity in self.table_scene.table._objs:
                 _set_entity_color(entity, colors["table"])
-        if self._lights:
-            key = start.light_color or LIGHTING[self.task_setup.lighting][1][0][1]
-            for light in self._lights[:: len(LIGHTING[self.task_setup.lighting][1])]:
-                light.color = list(key)
+        default_key = LIGHTING[self.task_setup.lighting][1][0][1]
+        if self._lights_per_scene():
+            for r in rows:
+                self._lights[r][0].color = list(self.starts[r].light_color or default_key)
+        else:  # one set of lights for every scene: the batch agrees on the key light's colour
+            for light in (ls[0] for ls in self._lights if ls):
+                light.color = list(start.light_color or default_key)
         if THIRD_PERSON_CAMERA in self._sensors:
-            self._sensors[THIRD_PERSON_CAMERA].camera.set_local_pose(third_person_pose(start.camera_offset).sp)
+            camera = self._sensors[THIRD_PERSON_CAMERA].camera
+            if self.num_envs == 1 or len(camera._render_cameras) != self.num_envs:
+                camera.set_local_pose(third_person_pose(start.camera_offset).sp)
+            else:  # one render camera per sub-scene: each scene's own viewpoint
+                for r in rows:
+                    camera._render_cameras[r].set_local_pose(third_person_pose(self.starts[r].camera_offset).sp)
+                camera._cached_local_pose = None  # ManiSkill caches the batch of local poses
 
     def _reset_task_state(self, env_idx):
         n = self.num_envs
@@ -498,7 +614,12 @@ class ShapeAssemblyEnv(BaseEnv):
         self._dist_step[env_idx] = -1
         self._forced_open_left[env_idx] = 0
         self._pending[:, env_idx] = HOLD_ACTION.to(self.device)  # latency: the first steps hold still
-        self._conditions = None
+        cond = getattr(self, "_conditions", None)
+        if cond is not None and not _full(reset_rows(env_idx, n), n):
+            for v in cond.values():  # a partial reset: the other scenes keep their last step's conditions
+                v[env_idx] = 0
+        else:
+            self._conditions = None
 
     # --------------------------------------------------------------- predicates
     def _block_raw_poses(self) -> torch.Tensor:
@@ -790,6 +911,8 @@ class ShapeAssemblyEnv(BaseEnv):
         return super()._step_action(action if self.num_envs > 1 else action[0])
 
     def _after_control_step(self):
+        # GPU: ManiSkill fetches its buffers only after this returns, but _after_simulation_step fetched them
+        # after the last substep, so the predicate below reads this step's state (tests/test_gpu_physics.py)
         super()._after_control_step()
         self._close_substep_window()
         self._steps_done += 1
@@ -812,6 +935,7 @@ class ShapeAssemblyEnv(BaseEnv):
         setup = self.task_setup
         if setup.disturbance is None:
             return
+        wrote = False  # a velocity or pose written into the GPU buffers, to be pushed into PhysX
         for i, k in enumerate(self._target_index()):
             if k is None or bool(self._dist_fired[i]):
                 continue
@@ -822,6 +946,7 @@ class ShapeAssemblyEnv(BaseEnv):
                 v[i] = torch.tensor([*st.shove_velocity, 0.0], device=self.device)
                 block.set_linear_velocity(v)
                 self._fire(i)
+                wrote = True
                 continue
             bottom = float(self._block_bottom(k)[i])
             if setup.forced_drop_steps and bottom >= FORCED_DROP_TRIGGER_M:
@@ -840,6 +965,12 @@ class ShapeAssemblyEnv(BaseEnv):
                     yaw[i] += dyaw
                     self.board.set_pose(Pose.create_from_pq(p, torch.tensor(_quat_yaw(yaw), dtype=torch.float32)))
                     self._fire(i)
+                    wrote = True
+        if wrote and self.gpu_sim_enabled:
+            # the buffers hold this step's fetched state with the disturbed rows changed: push them into PhysX
+            # now, or ManiSkill's fetch after this control step overwrites them and the disturbance never acts.
+            # Rigid bodies only (blocks and the kinematic board); ManiSkill's own tasks do the same.
+            self.scene.px.gpu_apply_rigid_dynamic_data()
 
     def _block_bottom(self, k: int) -> torch.Tensor:
         return self._bottoms(self._block_raw_poses())[:, k]
