@@ -91,6 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise BenchmarkError(f"--sim gpu: {reason}; --sim cpu checks the batched loop on CPU scenes")
     if args.tries < 1 or args.num_envs < 1:
         raise BenchmarkError("--tries and --num-envs must be at least 1")
+    from engines.optional import require
+
+    for module in ("sapien", "mani_skill"):  # where SAPIEN is absent (the device tool's H200): one line, exit 2
+        require(module, "sim")
     mach = machine()
     rows = []
     for s in resolve_setups(args.setups):

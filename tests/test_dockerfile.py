@@ -1,13 +1,21 @@
-"""Dockerfile.l4t: its pinned versions agree with setup.py, and it keeps JetPack's TensorRT."""
+"""Dockerfile.l4t: its pins agree with requirements/lock.txt and setup.py, it keeps JetPack's TensorRT and torch,
+and none of the four problems that kept it from building on a Jetson comes back (mplib, JAX from PyPI, numpy >= 2
+under JetPack's torch, SAPIEN from PyPI). Nothing here builds the image: it was never built on a Jetson."""
 
 import ast
 import re
+import shlex
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile.l4t"
+
+
+def normalize(name: str) -> str:
+    """PEP 503 name: lower case, runs of -_. as one dash."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def dockerfile_args(text: str) -> dict[str, str]:
@@ -31,8 +39,8 @@ def setup_extras() -> dict[str, list[str]]:
     raise AssertionError("setup.py has no setup(extras_require=...) literal")
 
 
-def pin(extras: dict[str, list[str]], package: str) -> str:
-    for reqs in extras.values():
+def setup_pin(package: str) -> str:
+    for reqs in setup_extras().values():
         for req in reqs:
             m = re.match(rf"^{re.escape(package)}==([\w.]+)$", req.strip())
             if m:
@@ -40,10 +48,60 @@ def pin(extras: dict[str, list[str]], package: str) -> str:
     raise AssertionError(f"setup.py pins no version of {package}")
 
 
+def lock() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "requirements" / "lock.txt").read_text().splitlines():
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", line.strip())
+        if m:
+            pins[normalize(m.group(1))] = m.group(2)
+    return pins
+
+
 def run_instructions(text: str) -> str:
-    """Instruction text without comments, continuation lines joined."""
+    """Instruction text without comments and heredoc bodies, continuation lines joined."""
+    text = re.sub(r"<<'?(\w+)'?\n.*?\n\1\n", "\n", text, flags=re.S)  # heredoc bodies: Python, not shell
     lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]
     return re.sub(r"\\\n", " ", "\n".join(lines))
+
+
+def pip_installs(text: str) -> list[list[str]]:
+    """The words after `pip install` of every pip install command in the RUN instructions, with the ARGs'
+    defaults put in (an ARG holding "jax jaxlib" is two words installed)."""
+    args = dockerfile_args(text)
+    out = []
+    for line in run_instructions(text).splitlines():
+        for cmd in re.split(r"&&|\|\||;", line):
+            if "pip install" in cmd:
+                cmd = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), cmd)
+                out.append(shlex.split(cmd.split("pip install", 1)[1]))
+    return out
+
+
+def requirements(text: str) -> list[str]:
+    """Requirement words of the pip install commands (options and their values left out)."""
+    reqs = []
+    for words in pip_installs(text):
+        skip = False
+        for w in words:
+            if skip:
+                skip = False
+            elif w in ("--index-url", "--extra-index-url", "-c", "-r", "--constraint"):
+                skip = True
+            elif not w.startswith("-") and not w.startswith(".") and not w.startswith("${"):
+                reqs.append(w)
+    return reqs
+
+
+def pinned(text: str) -> dict[str, str]:
+    """{normalised name: version} of every name==version in the install lines, and the simulator's ARG pins."""
+    args = dockerfile_args(text)
+    pins = {}
+    for req in requirements(text):
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==(.+)$", req)
+        if m:
+            pins[normalize(m.group(1))] = m.group(3)
+    pins["sapien"] = args["SAPIEN_VERSION"]
+    return pins
 
 
 @pytest.fixture(scope="module")
@@ -52,18 +110,82 @@ def text():
     return DOCKERFILE.read_text()
 
 
-def test_pins_match_setup_py(text):
-    args, extras = dockerfile_args(text), setup_extras()
-    assert args["SAPIEN_VERSION"] == pin(extras, "sapien")
-    assert args["MANISKILL_VERSION"] == pin(extras, "mani-skill")
+def test_pins_match_the_lock(text):
+    pins, locked = pinned(text), lock()
+    checked = {name: v for name, v in pins.items() if name in locked}
+    assert len(checked) >= 15, f"only {sorted(checked)} are pinned and in the lock"
+    wrong = {name: (v, locked[name]) for name, v in checked.items() if v != locked[name]}
+    assert not wrong, f"pins that differ from requirements/lock.txt (Dockerfile, lock): {wrong}"
 
 
-def test_pins_are_used_not_restated(text):
+def test_simulator_pins_match_setup_py(text):
+    args = dockerfile_args(text)
+    assert args["SAPIEN_VERSION"] == setup_pin("sapien")
+    assert args["MANISKILL_VERSION"] == setup_pin("mani-skill")
     body = run_instructions(text)
     assert "mani-skill==${MANISKILL_VERSION}" in body
-    assert "${SAPIEN_VERSION}" in dockerfile_args(text)["SAPIEN_WHEEL"]
-    # no second, literal version of the pinned packages anywhere in the instructions
-    assert not re.search(r"(sapien|mani-skill)==\d", body)
+    assert not re.search(r"(sapien|mani-skill)==\d", body)  # no second, literal version of them
+
+
+def test_no_mplib_and_mani_skill_without_its_deps(text):
+    reqs = {normalize(re.split(r"[=<>\[!~]", r)[0]) for r in requirements(text)}
+    assert "mplib" not in reqs and "mplib" not in run_instructions(text)
+    mani = [words for words in pip_installs(text) if any(w.startswith("mani-skill") for w in words)]
+    assert mani and all("--no-deps" in words for words in mani), mani
+
+
+def test_mani_skill_requirements_listed_but_mplib(text):
+    """Every requirement of the installed mani-skill 3.0.1 (its METADATA), but mplib and SAPIEN (from its wheel),
+    is in the Dockerfile's install lines."""
+    from importlib import metadata
+
+    try:
+        reqs = metadata.requires("mani-skill")
+    except metadata.PackageNotFoundError:
+        pytest.skip("mani-skill is not installed here")
+    from packaging.requirements import Requirement
+
+    needed = set()
+    for spec in reqs:
+        r = Requirement(spec)
+        if r.marker is None or r.marker.evaluate({"extra": "", "platform_system": "Linux"}):
+            needed.add(normalize(r.name))
+    listed = {normalize(re.split(r"[=<>\[!~]", r)[0]) for r in requirements(text)}
+    missing = needed - listed - {"mplib", "sapien"}
+    assert not missing, f"mani-skill needs {sorted(missing)}, not installed by Dockerfile.l4t"
+
+
+def test_no_jax_in_the_image(text):
+    """No jax, jaxlib or jax2onnx from PyPI (CPU builds, numpy >= 2) or any index: the Orin path runs without JAX."""
+    for words in pip_installs(text):
+        for w in words:
+            assert not re.match(r"^(jax|jaxlib|jax2onnx|jax-cuda\d+-\w+)(\[|=|<|>|$)", w), f"pip install {w}"
+    extras = dockerfile_args(text)["PROJECT_EXTRAS"].split(",")
+    assert not {"jax", "export", "sim"} & set(extras), extras  # jax/export need numpy >= 2; sim pulls mplib
+
+
+def test_numpy_below_2_everywhere(text):
+    body = run_instructions(text)
+    env = re.search(r"PIP_CONSTRAINT=(\S+)", body)
+    assert env, "no PIP_CONSTRAINT: pip installs would not be held to numpy<2"
+    first_pip = body.index("pip install")
+    write = re.search(r"printf '([^']*)' > " + re.escape(env.group(1)), body)
+    assert write and "numpy<2" in write.group(1).split("\\n"), "the constraints file does not say numpy<2"
+    assert write.start() < first_pip, "the constraints file is written after the first pip install"
+    assert not re.search(r"numpy\s*(==|>=|>|~=)\s*2", body)
+    # JetPack's torch is added to the constraints right after it is installed, so nothing replaces it
+    assert re.search(r"'torch==' \+ version\('torch'\)\)\" >> " + re.escape(env.group(1)), body)
+
+
+def test_sapien_from_a_file_or_url(text):
+    args = dockerfile_args(text)
+    assert "SAPIEN_WHEEL" in args
+    assert "sapien" not in {normalize(re.split(r"[=<>\[!~]", r)[0]) for r in requirements(text)}
+    body = run_instructions(text)
+    assert '"${SAPIEN_WHEEL}" in' in body and "/context/${SAPIEN_WHEEL}" in body
+    assert "--mount=type=bind" in body
+    assert re.search(r'""\) echo "error: pass SAPIEN', body), "no one-line error when SAPIEN_WHEEL is not given"
+    assert "assert v == '${SAPIEN_VERSION}'" in body
 
 
 def test_base_image_is_jetpack_r36(text):
@@ -75,20 +197,26 @@ def test_base_image_is_jetpack_r36(text):
 
 
 def test_tensorrt_not_pip_installed(text):
-    for line in run_instructions(text).splitlines():
-        if "pip install" in line:
-            assert not re.search(r"\btensorrt\b", line.split("pip install", 1)[1]), line
+    for words in pip_installs(text):
+        assert not any(re.match(r"^tensorrt\b", w) for w in words), words
 
 
 def test_project_extras_exist_in_setup_py(text):
     extras = dockerfile_args(text)["PROJECT_EXTRAS"].split(",")
     known = setup_extras()
-    assert "sim" in extras
     assert not set(extras) - set(known), f"unknown extras {set(extras) - set(known)}"
     assert '-e ".[${PROJECT_EXTRAS}]"' in run_instructions(text)
 
 
-def test_header_documents_build_and_run(text):
-    header = "\n".join(ln for ln in text.splitlines()[:40] if ln.startswith("#"))
-    assert "docker build -f Dockerfile.l4t" in header
+def test_header_documents_build_run_and_that_it_was_never_built(text):
+    header = "\n".join(ln for ln in text.splitlines()[:60] if ln.startswith("#"))
+    assert "docker build -f Dockerfile.l4t" in header and "SAPIEN_WHEEL=" in header
     assert "docker run" in header and "--runtime nvidia" in header
+    assert "NEVER BUILT ON A JETSON" in header
+
+
+def test_parser_sees_the_install_lines(text):
+    """The helpers above read what they claim to (so the checks are not vacuous)."""
+    reqs = requirements(text)
+    assert "trimesh==5.2.0" in reqs and f"mani-skill=={dockerfile_args(text)['MANISKILL_VERSION']}" in reqs
+    assert not any("packaging.requirements" in r for r in reqs)  # the heredoc's Python is not an install line

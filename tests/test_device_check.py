@@ -1,0 +1,186 @@
+"""benchmarks/device_check: every step runs under a timeout, the JSON lines keep every finished step of a killed
+run, and the output folder gets at most 8 files (the device tool returns no more). Dry runs on the CPU, a few
+steps each; the full dry run is `bash benchmarks/device_check.sh --dry-run`."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks import device_check as dc
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "device_check.sh"
+# the device README's line that installs carried wheels; the documented command must begin with it
+INSTALL_LINE = ("python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "
+                "/tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit;")
+
+
+def lines(out: Path) -> list[dict]:
+    p = out / "device_check.jsonl"
+    return [json.loads(ln) for ln in p.read_text().splitlines()] if p.exists() else []
+
+
+def steps_in(out: Path) -> list[dict]:
+    return [x for x in lines(out) if x["kind"] == "step"]
+
+
+def alive(marker: str) -> list[int]:
+    """Processes whose command line holds ``marker`` (a test's tmp folder)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if marker in (d / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(d.name))
+            except OSError:
+                pass
+    return pids
+
+
+def wait_gone(marker: str, within_s: float = 20.0) -> list[int]:
+    t0 = time.monotonic()
+    while (left := alive(marker)) and time.monotonic() - t0 < within_s:
+        time.sleep(0.2)
+    return left
+
+
+def check_cmd(tmp_path: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "benchmarks.device_check", "--dry-run", "--no-progress", "--out",
+            str(tmp_path / "out"), "--work", str(tmp_path / "work"), *args]
+
+
+def test_every_step_has_a_timeout_and_the_run_fits_the_device():
+    assert [s.name for s in dc.STEPS[:5]] == ["system", "jax-octo-small", "jax-octo-base", "bc-state-torch",
+                                             "dlpack"], "the steps that need nothing carried come first"
+    assert all(s.timeout_s > 0 for s in dc.STEPS)
+    assert dc.BUDGET_S < 8 * 60 and sum(s.timeout_s for s in dc.STEPS[:5]) <= dc.BUDGET_S
+    assert len(dc.OUT_FILES) <= 8
+    for s in dc.STEPS:  # every step has a command, on the device and in a dry run
+        for dry in (False, True):
+            cmd = dc.step_command(s, dry, Path("w"), Path("w/rows.jsonl"))
+            assert cmd[:2] == [sys.executable, "-m"] and ("--dry-run" in cmd) == (dry and s.internal)
+    # the octo camera batch step asks octo_rollout for GPU scenes on the device, CPU scenes in a dry run
+    cam = dc.step_command(dc.BY_NAME["octo-camera-batch"], False, Path("w"), Path("r"))
+    assert cam[cam.index("--num-envs") + 1] == "1,8,32,64" and cam[cam.index("--sim") + 1] == "gpu"
+    assert "--sim" not in dc.step_command(dc.BY_NAME["octo-camera-batch"], True, Path("w"), Path("r"))
+
+
+def test_script_installs_nothing_and_runs_under_timeout():
+    text = SCRIPT.read_text()
+    code = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]
+    assert not [ln for ln in code if re.search(r"pip\s+(install|download)", ln)], "no installs at run time"
+    m = re.search(r'^exec timeout -k \d+ "\$\{DEVICE_CHECK_WALL_S:-(\d+)\}" "\$PY" -m benchmarks\.device_check',
+                  text, re.M)
+    assert m and dc.BUDGET_S < int(m.group(1)) < 8 * 60
+    header = "\n".join(ln.lstrip("# ") for ln in text.splitlines() if ln.startswith("#"))
+    assert f"{INSTALL_LINE} bash benchmarks/device_check.sh" in header
+    assert "pip download --no-deps --only-binary=:all: --python-version 3.12" in header and "-d .whl" in header
+    gitignore = (ROOT / ".gitignore").read_text().split()
+    assert "/.whl/" in gitignore or ".whl/" in gitignore
+
+
+def test_dry_run_writes_a_line_per_step_and_few_files(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--no-progress", "--steps", "system,bc-state-torch,dlpack",
+                           "--out", str(out), "--work", str(tmp_path / "work")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=240, env=dict(os.environ, PYTHON=sys.executable))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and set(files) <= set(dc.OUT_FILES), files
+    doc = lines(out)
+    assert doc[0]["kind"] == "start" and doc[-1] == {"kind": "end", "ok": True, "wall_s": doc[-1]["wall_s"]}
+    steps = steps_in(out)
+    assert [s["step"] for s in steps] == ["system", "bc-state-torch", "dlpack"]
+    assert all(s["status"] == "ok" and 0 < s["timeout_s"] <= dc.BY_NAME[s["step"]].timeout_s for s in steps)
+    bc = steps[1]["rows"]
+    assert [r["batch"] for r in bc] == [1, 2, 4, 8]
+    assert all(r["parity"]["rel"] <= dc.BC_TOLERANCE for r in bc)
+    handoff = steps[2]["rows"][0]
+    assert handoff["byte_identical"] and handoff["checksum_equal"]
+    assert handoff["copy_counter"]["h2d_bytes"] == handoff["copy_counter"]["d2h_bytes"] == 0
+    summary = json.loads((out / "device_check.json").read_text())
+    assert summary["ok"] and [s["step"] for s in summary["steps"]] == ["system", "bc-state-torch", "dlpack"]
+
+
+def test_a_killed_run_keeps_the_finished_steps(tmp_path):
+    pytest.importorskip("jax")
+    out = tmp_path / "out"
+    proc = subprocess.Popen(check_cmd(tmp_path, "--steps", "system,jax-octo-small"), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while not steps_in(out) and proc.poll() is None and time.monotonic() - t0 < 120:
+            time.sleep(0.1)
+        assert steps_in(out), "the first step never finished"
+        os.killpg(proc.pid, signal.SIGKILL)  # the orchestrator, hard: no chance to write anything more
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    doc = lines(out)
+    assert doc[0]["kind"] == "start" and doc[1]["kind"] == "step" and doc[1]["step"] == "system"
+    assert doc[1]["status"] == "ok" and doc[1]["rows"][0]["kind"] == "system"
+    if len(doc) == 2:  # killed while jax-octo-small ran: its process died with the orchestrator
+        assert not (out / "device_check.json").exists()
+        assert not wait_gone(str(tmp_path)), "a step's process outlived the killed orchestrator"
+
+
+def test_a_step_past_its_timeout_is_killed_and_recorded(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "out"
+    proc = subprocess.run(check_cmd(tmp_path, "--steps", "bc-state-torch", "--timeout-scale", "0.005"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (step,) = steps_in(out)
+    assert step["status"] == "timeout" and step["timeout_s"] == pytest.approx(0.3)
+    assert "its timeout" in step["reason"]
+    assert lines(out)[-1]["kind"] == "end" and lines(out)[-1]["ok"] is False
+    assert not wait_gone(str(tmp_path)), "the timed-out step's process is still running"
+
+
+def test_the_wall_timeout_ends_the_run_and_records_the_step_in_flight(tmp_path):
+    """The script's own `timeout` sends SIGTERM: the orchestrator kills the running step and records it."""
+    pytest.importorskip("jax")
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--no-progress", "--steps", "system,jax-octo-small",
+                           "--out", str(out), "--work", str(tmp_path / "work")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PYTHON=sys.executable, DEVICE_CHECK_WALL_S="6"))
+    assert proc.returncode == 124, proc.stdout + proc.stderr  # timeout's status: the time ran out
+    steps = steps_in(out)
+    assert steps and steps[-1]["status"] == "killed" and "SIGTERM" in steps[-1]["reason"]
+    assert all(s["status"] == "ok" for s in steps[:-1])
+    assert lines(out)[-1]["kind"] == "step" and not (out / "device_check.json").exists()
+    assert not wait_gone(str(tmp_path))
+
+
+@pytest.mark.parametrize("args,needle", [(["--steps", "nope"], "unknown step nope"),
+                                         (["--budget-s", "0"], "must be positive")])
+def test_bad_input_is_one_line(tmp_path, args, needle):
+    proc = subprocess.run(check_cmd(tmp_path, *args), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and needle in err[0], proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_list_names_every_step_with_its_timeout():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.device_check", "--list"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0
+    for s in dc.STEPS:
+        assert re.search(rf"^{re.escape(s.name)}\s+{s.timeout_s:.0f}\s", proc.stdout, re.M), s.name
+
+
+def test_missing_modules_skip_a_step_with_the_reason():
+    step = dc.Step("x", 10, "x", needs=("sapien", "no_such_module_here"))
+    assert dc.missing_reason(step.missing(False)).startswith("sapien is not installed" if not dc._importable(
+        "sapien") else "not installed: no_such_module_here")
+    assert "no_such_module_here" in dc.missing_reason(step.missing(True))
