@@ -112,23 +112,23 @@ def bench_scripted(b: Bench, obs) -> None:
 def bench_bc_state(b: Bench, obs, state: np.ndarray, batch: int, threads: int, weights: str | None = None) -> None:
     import torch
 
-    from eval.policies.bc_state import BACKENDS, BCStatePolicy
+    from engines.backends import MODEL_BACKENDS, BackendSpec, model_runner
+    from engines.bc_mlp import DEFAULT_WEIGHTS
+    from eval.policies.bc_state import TRT_BATCH_MAX, TRT_PRECISION, BCStatePolicy
 
     torch.set_num_threads(threads)
+    weights = weights or DEFAULT_WEIGHTS
     rng = np.random.default_rng(0)
     # batch N: the real state and N-1 copies jittered by 1 % (distinct rows, same for every backend)
     xs = {1: state[None], batch: (state[None] * (1 + 0.01 * rng.standard_normal((batch, state.size)))).astype(np.float32)}
     refs: dict[tuple, np.ndarray] = {}
-    for backend in BACKENDS:
+    for backend in MODEL_BACKENDS["bc-state"]:
+        spec = BackendSpec(backend, precision=TRT_PRECISION, max_batch=TRT_BATCH_MAX, threads=threads)
         try:
-            policy = BCStatePolicy(weights=weights, backend=backend)
+            policy = BCStatePolicy(model_runner("bc-state", spec, weights=weights), weights)
         except Exception as e:  # noqa: BLE001 - a backend that cannot load here is skipped, with why
             b.skip("bc-state", backend, str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
             continue
-        if backend == "ort" and threads != policy.runner.intra_op_threads:
-            from engines.runners import OnnxRuntimeRunner
-
-            policy.runner = OnnxRuntimeRunner(policy.runner.onnx_path, intra_op_threads=threads).activate()
         policy.reset(obs["instruction"], seed=0)
         out = b.row("bc-state", backend, "policy", 1, lambda: policy.query(obs), str(threads),
                     refs.get(("policy", 1)), lambda: policy.act(obs)[None])
@@ -147,14 +147,6 @@ def octo_ort_unavailable() -> str | None:
     for module in ("onnx", "onnxruntime", "jax2onnx"):
         if not available(module):
             return f"{module} is not installed (pip install -e '.[export]')"
-    try:
-        from engines.octo import export
-        from eval.policies import octo
-    except Exception as e:  # noqa: BLE001 - the exporter is being written: any import failure is a reason
-        return f"engines.octo.export does not import ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-    missing = [n for n in ("onnx_for_engine", "OnnxOcto") if not hasattr(export, n)]
-    if missing or not hasattr(octo, "octo_graphs"):
-        return f"engines.octo.export lacks {', '.join(missing) or 'eval.policies.octo.octo_graphs'}"
     return None
 
 
@@ -196,11 +188,11 @@ def bench_octo(b: Bench, batch: int, model: str = "octo-small") -> None:
     if reason:
         b.skip(model, "ort", reason)
         return
-    from eval.policies.octo import octo_graphs
+    from engines.backends import BackendSpec, model_runner
 
     try:
         t0 = time.perf_counter()
-        graphs = octo_graphs(engine, "ort")  # exports once (minutes), then cached by the weights' digest
+        graphs = model_runner(model, BackendSpec("ort"), engine=engine)  # exports once (minutes), then cached
         export_s = time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - the exporter is new: any failure is a reason, not a crash
         b.skip(model, "ort", f"export or load failed: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")

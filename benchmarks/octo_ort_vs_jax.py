@@ -125,7 +125,8 @@ def run(cfg: BenchConfig) -> dict:
 
     from engines.octo.config import PRESETS
     from engines.octo.export import (
-        OnnxOcto, backbone_feeds, cache_dir, export_octo, file_stem, matching_export, params_digest, sampler_feeds)
+        backbone_feeds, cache_dir, export_octo, file_stem, matching_export, params_digest, sampler_feeds)
+    from engines.octo.runners import OnnxOcto
     from engines.octo.model import make_backbone, make_infer, make_sampler
     from engines.octo.params import init_params
     from engines.runners import OnnxRuntimeRunner, cpu_count

@@ -1,10 +1,15 @@
-"""The one backend factory: an exported ONNX graph and a :class:`BackendSpec` (backend, precision, batch
-profile, threads) give an activated runner with the ``activate`` / ``infer`` / ``deactivate`` interface.
+"""The one backend factory: a model and a :class:`BackendSpec` (backend, precision, batch profile, threads) give
+an activated runner with the ``activate`` / ``infer`` / ``deactivate`` interface. Policies receive the runner
+(the model table in :mod:`eval.policies` assembles them); none builds its own.
 
-- ``ort``: ONNX Runtime on the CPU (``threads`` intra-op threads; None: the cores this process may use);
-- ``trt``: a TensorRT engine built from the graph on first use for this GPU, TensorRT version and precision,
-  with an optimisation profile of batch 1..``max_batch`` (opt 1), cached under ``<cache>/engines`` with a
-  shared timing cache, and checked against its sidecar key on every load (:mod:`engines.trt`).
+- :func:`model_runner`: a model's runner. bc-state (a weights file): ``ort``, ``trt`` or ``torch``; Octo (an
+  :class:`~engines.octo.engine.OctoEngine`): ``jax`` (the jitted model, on the CPU or on the GPU where JAX has
+  CUDA: the GPU engine where TensorRT is absent), ``ort`` or ``trt`` (its two exported graphs).
+- :func:`make_runner`: one exported ONNX graph on a graph backend. ``ort``: ONNX Runtime on the CPU
+  (``threads`` intra-op threads; None: the cores this process may use); ``trt``: a TensorRT engine built from
+  the graph on first use for this GPU, TensorRT version and precision, with an optimisation profile of batch
+  1..``max_batch`` (opt 1), cached under ``<cache>/engines`` with a shared timing cache, and checked against
+  its sidecar key on every load (:mod:`engines.trt`).
 
 Where ONNX files are cached is here too (:func:`onnx_cache_dir`), and :func:`rel_err`, the one measure of
 output agreement between backends that tests and device checks use.
@@ -19,7 +24,10 @@ import numpy as np
 
 from env.cache import cache_root
 
-BACKENDS = ("ort", "trt")
+GRAPH_BACKENDS = ("ort", "trt")  # run an exported ONNX graph
+BACKENDS = ("jax", "ort", "trt", "torch")
+# the backends each model family runs on, the first its default
+MODEL_BACKENDS = {"bc-state": ("ort", "trt", "torch"), "octo": ("jax", "ort", "trt")}
 
 
 class BackendUnavailable(ValueError):
@@ -55,6 +63,14 @@ def unavailable_reason(backend: str) -> str | None:
         except MissingDependencyError as e:
             return f"needs ONNX Runtime: {e}"
         return None
+    if backend in ("jax", "torch"):
+        from engines.optional import MissingDependencyError, require
+
+        try:
+            require(backend, "jax" if backend == "jax" else None)
+        except MissingDependencyError as e:
+            return f"needs {backend}: {e}"
+        return None
     raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
 
 
@@ -71,9 +87,9 @@ def make_runner(onnx_path: str | Path, spec: BackendSpec):
     """An activated runner of ``onnx_path`` on ``spec``'s backend; BackendUnavailable (one line) if it cannot run."""
     from engines.runners import OnnxRuntimeRunner, TensorRtRunner, cpu_count
 
-    reason = unavailable_reason(spec.backend)
-    if reason:
-        raise BackendUnavailable(f"backend {spec.backend!r} {reason}")
+    if spec.backend not in GRAPH_BACKENDS:
+        raise ValueError(f"an ONNX graph runs on {', '.join(GRAPH_BACKENDS)}, not {spec.backend!r}")
+    _check_available(spec.backend)
     onnx_path = Path(onnx_path)
     if spec.backend == "ort":
         return OnnxRuntimeRunner(onnx_path, "cpu", intra_op_threads=spec.threads or cpu_count()).activate()
@@ -83,6 +99,59 @@ def make_runner(onnx_path: str | Path, spec: BackendSpec):
     path = trt.build_engine(onnx_path, out, onnx_path.stem, spec.precision, spec.max_batch,
                             timing_cache=out / "timing.cache")
     return TensorRtRunner(path, expected_key=trt.system_key(onnx_path, spec.precision, spec.max_batch)).activate()
+
+
+def _check_available(backend: str) -> None:
+    reason = unavailable_reason(backend)
+    if reason:
+        raise BackendUnavailable(f"backend {backend!r} {reason}")
+
+
+def model_family(model: str) -> str:
+    """"octo" for octo-small and octo-base, else the model's own name."""
+    return "octo" if model.startswith("octo") else model
+
+
+def model_backend(model: str, backend: str | None = None) -> str:
+    """``backend``, or the model's default when None; ValueError (one line, the valid ones) if the model has
+    no such backend."""
+    family = model_family(model)
+    if family not in MODEL_BACKENDS:
+        raise ValueError(f"no runner for model {model!r}; models with runners: bc-state, octo-small, octo-base")
+    if backend is None:
+        return MODEL_BACKENDS[family][0]
+    if backend not in MODEL_BACKENDS[family]:
+        raise ValueError(f"{model} has no backend {backend!r}; valid: {', '.join(MODEL_BACKENDS[family])}")
+    return backend
+
+
+def model_runner(model: str, spec: BackendSpec, *, weights: str | Path | None = None, engine=None):
+    """The activated runner of ``model`` on ``spec``'s backend: bc-state from its ``weights`` file, Octo from
+    its ``engine``. BackendUnavailable (one line) where the backend cannot run here, checked before any
+    export or engine build."""
+    family = model_family(model)
+    model_backend(model, spec.backend)
+    _check_available(spec.backend)
+    if family == "bc-state":
+        from engines.bc_mlp import load, numpy_forward, onnx_for_weights
+        from engines.onnx_utils import sha256_file
+
+        if spec.backend == "torch":
+            from engines.runners import CallableRunner
+
+            net, _, _ = load(weights)
+            return CallableRunner("torch", lambda state: {"action": numpy_forward(net, state)}).activate()
+        return make_runner(onnx_for_weights(weights, sha256_file(weights)), spec)
+    from engines.octo.runners import JaxOcto, OnnxOcto
+
+    if spec.backend == "jax":
+        return JaxOcto(engine).activate()
+    from engines.octo.export import onnx_for_engine
+    from engines.optional import require
+
+    require("onnx", "export")
+    onnx = onnx_for_engine(engine)
+    return OnnxOcto(engine.cfg, make_runner(onnx.backbone, spec), make_runner(onnx.sampler, spec)).activate()
 
 
 def rel_err(a, ref) -> float:

@@ -35,8 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def default_backend(model: str) -> tuple[str | None, str]:
-    """(backend, why) for a model: TensorRT where it can run, else ONNX Runtime; None for models without one."""
+    """(backend, why) for a model: TensorRT where it can run; else JAX on the GPU for models with a JAX
+    backend where JAX has CUDA (an x86 GPU without TensorRT); else ONNX Runtime. None for models without one."""
     from engines import trt
+    from engines.backends import MODEL_BACKENDS, model_family
+    from engines.optional import available
     from eval.policies import get_model
 
     spec = get_model(model)
@@ -45,6 +48,11 @@ def default_backend(model: str) -> tuple[str | None, str]:
     reason = trt.unavailable_reason()
     if reason is None:
         return "trt", "TensorRT and an NVIDIA GPU are available"
+    if "jax" in MODEL_BACKENDS.get(model_family(model), ()) and available("jax"):
+        import jax
+
+        if jax.default_backend() == "gpu":
+            return "jax", f"TensorRT unavailable ({reason}): JAX (XLA) on the GPU"
     return "ort", f"TensorRT unavailable ({reason}): ONNX Runtime"
 
 

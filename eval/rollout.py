@@ -12,7 +12,12 @@ Scenes (``sim``):
   live scenes become one model call (a camera policy's frames are stacked into
   one batch), and it is the reference the GPU physics is compared with.
 * ``gpu``: one ManiSkill environment with ``num_envs=N`` on SAPIEN's GPU PhysX
-  (``physx_cuda``), for state policies; every step advances all N scenes.
+  (``physx_cuda``); every step advances all N scenes. With cameras, the N
+  scenes are rendered in parallel into torch CUDA tensors, and a scene's
+  frames reach the policy as views of them: a camera policy preprocesses them
+  on the device and its runner takes them by DLPack (JAX) or device pointer
+  (TensorRT), so no image crosses between host and device (counted per step
+  in the batch record: ``image_bytes_per_step``, 0 on that path).
 
 Scenes whose try has ended step on the hold action until the batch ends (GPU)
 or are not stepped (CPU). Fewer tries than scenes: the spare scenes repeat the
@@ -76,9 +81,6 @@ def check_batch_request(num_envs: int, sim: str, observes: str) -> None:
     if num_envs == 1:
         return
     if sim == "gpu":
-        if observes != "state":
-            raise BatchError("camera policies run their --num-envs scenes on CPU physics in this release (GPU "
-                             "scenes with frames kept on the device are not done yet): use --sim cpu")
         reason = gpu_sim_unavailable_reason()
         if reason:
             raise BatchError(f"--num-envs {num_envs} --sim gpu needs GPU simulation: {reason}; "
@@ -100,17 +102,18 @@ class Scenes:
 
         if sim not in SIMS:
             raise BatchError(f"unknown sim {sim!r}; valid: {', '.join(SIMS)}")
-        if sim == "gpu" and cameras:
-            raise BatchError("camera observations on GPU scenes are not done yet: use sim='cpu'")
         self.setup, self.num_envs, self.sim, self.cameras = setup, num_envs, sim, cameras
         obs_mode = "rgb" if cameras else "state"
         if sim == "gpu":
+            # state scenes need no renderer, and without one a batch may mix appearances (env/task.py)
+            render = {} if cameras else {"render_backend": "none"}
             self.envs = [make_env(setup, arm=arm, obs_mode=obs_mode, max_steps=max_steps, num_envs=num_envs,
-                                  sim_backend="physx_cuda")]
+                                  sim_backend="physx_cuda", **render)]
         else:
             self.envs = [make_env(setup, arm=arm, obs_mode=obs_mode, max_steps=max_steps) for _ in range(num_envs)]
         self.instructions: list[str] = []
-        self._obs: list[Any] = [None] * num_envs  # each CPU scene's last observation (camera frames)
+        # the last observation (camera frames): one per CPU scene; one batched for the GPU simulation
+        self._obs: list[Any] = [None] * (1 if sim == "gpu" else num_envs)
         self.image_bytes = 0  # image bytes copied from the device to the host so far
 
     def reset(self, seeds: Sequence[int], starts: Sequence[Any]) -> None:
@@ -119,7 +122,9 @@ class Scenes:
         tries run before it in the same scene (measured: up to 6 steps on G02)."""
         if self.sim == "gpu":
             u = self.envs[0].unwrapped
-            self.envs[0].reset(seed=[int(s) for s in seeds], options={"starts": list(starts), "reconfigure": True})
+            u.render_sensors = True
+            self._obs[0], _ = self.envs[0].reset(seed=[int(s) for s in seeds],
+                                                 options={"starts": list(starts), "reconfigure": True})
             self.instructions = list(u.instructions)
             return
         self.instructions = []
@@ -143,20 +148,22 @@ class Scenes:
             raise BatchError("a camera policy needs scenes made with cameras=True")
         out = []
         for i in idx:
-            frames = self.frames(i)
+            frames = self.frames(i, host=self.sim == "cpu")
             images = None if frames is None else {"third_person": frames[0], "wrist": frames[1]}
-            out.append({"images": images, "proprio": self._host(self._obs[i]["agent"]["qpos"][0]),
+            obs, row = (self._obs[0], i) if self.sim == "gpu" else (self._obs[i], 0)
+            out.append({"images": images, "proprio": _numpy(obs["agent"]["qpos"][row]),
                         "instruction": self.instructions[i]})
         return out
 
-    def frames(self, i: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """Scene i's last rendered (third-person, wrist) frames; None when that step was not rendered."""
-        sensors = self._obs[i]["sensor_data"]
-        if not sensors:
-            return None
-        u = self.envs[i].unwrapped
-        return (self._host(sensors["third_person"]["rgb"][0], image=True),
-                self._host(sensors[u.arm.wrist_camera_uid]["rgb"][0], image=True))
+    def frames(self, i: int, host: bool = True) -> tuple[Any, Any] | None:
+        """Scene i's last rendered (third-person, wrist) frames; None when that step was not rendered.
+        ``host``: numpy (a frame rendered on a device is copied, its bytes counted); else GPU scenes' frames
+        are views of the rendered CUDA tensors (no copy)."""
+        obs, row = (self._obs[0], i) if self.sim == "gpu" else (self._obs[i], 0)
+        frames = camera_frames(self.envs[0], obs, row)
+        if frames is None or not host:
+            return frames
+        return self._host(frames[0], image=True), self._host(frames[1], image=True)
 
     def _host(self, tensor, image: bool = False) -> np.ndarray:
         """A numpy view of a CPU tensor (no copy); a CUDA tensor (a GPU renderer beside CPU physics) is copied
@@ -174,11 +181,13 @@ class Scenes:
             import torch
 
             u = self.envs[0].unwrapped
+            u.render_sensors = bool(np.any(render & live))  # the N scenes render together or not at all
+            u.last_render_ms = 0.0
             a = torch.as_tensor(np.asarray(actions, dtype=np.float32), device=u.device)
-            _, _, term, trunc, info = self.envs[0].step(a)
+            self._obs[0], _, term, trunc, info = self.envs[0].step(a)
             out = {k: _numpy(v) for k, v in info.items() if k in INFO_KEYS}
             out["done"] = _numpy(term) | _numpy(trunc)
-            return out, 0.0
+            return out, u.last_render_ms
         rows: list[dict[str, Any] | None] = []
         render_ms = 0.0
         for i, env in enumerate(self.envs):
@@ -202,17 +211,29 @@ class Scenes:
         self.envs = []
 
 
+def camera_frames(env, obs, row: int = 0) -> tuple[Any, Any] | None:
+    """The (third-person, wrist) RGB tensors of scene ``row`` in an observation of ``env``; None when the
+    step was not rendered."""
+    sensors = obs["sensor_data"]
+    if not sensors:
+        return None
+    return sensors["third_person"]["rgb"][row], sensors[env.unwrapped.arm.wrist_camera_uid]["rgb"][row]
+
+
+def _observation_bytes(observation: dict[str, Any]) -> int:
+    if "state" in observation:
+        return sum(v.nbytes for v in observation["state"].values())
+    return int(observation["proprio"].nbytes)
+
+
 def observation_for(policy: Policy, env, obs) -> dict[str, Any]:
     """What ``policy`` observes of one plain scene (``env``, its last ``obs``), as :meth:`Scenes.observations`
     gives it: for hand-written loops in tests and tools."""
     u = env.unwrapped
     if policy.observes == "state":
         return {"state": {k: v[0] for k, v in u.task_state().items()}, "instruction": u.instructions[0]}
-    sensors = obs["sensor_data"]
-    images = None
-    if sensors:
-        images = {"third_person": sensors["third_person"]["rgb"][0].cpu().numpy(),
-                  "wrist": sensors[u.arm.wrist_camera_uid]["rgb"][0].cpu().numpy()}
+    frames = camera_frames(env, obs)
+    images = None if frames is None else {"third_person": _numpy(frames[0]), "wrist": _numpy(frames[1])}
     return {"images": images, "proprio": obs["agent"]["qpos"][0].cpu().numpy(), "instruction": u.instructions[0]}
 
 
@@ -273,7 +294,7 @@ def rollout(scenes: Scenes, members: Sequence[Policy], split: str, try_indices: 
     query_ms: list[float] = []
     query_n: list[int] = []
     bytes_per_step: list[int] = []
-    image_bytes_0 = scenes.image_bytes
+    image_bytes_0 = scenes.image_bytes + members[0].moved_image_bytes()
     total_steps = 0
     t_start = time.monotonic()
     while live.any():
@@ -301,9 +322,8 @@ def rollout(scenes: Scenes, members: Sequence[Policy], split: str, try_indices: 
         if any(ran):
             query_ms.append((t2 - t1) * 1e3)
             query_n.append(int(sum(ran)))
-        # state read out and actions sent: what a state policy moves between host and device per step
-        bytes_per_step.append(int(sum(v.nbytes for v in observations[0]["state"].values()) * n + full.nbytes)
-                              if scenes.sim == "gpu" else 0)
+        # state (or proprioception) read out and actions sent: what moves between host and device per step
+        bytes_per_step.append(int(_observation_bytes(observations[0]) * n + full.nbytes) if scenes.sim == "gpu" else 0)
         for i in idx:
             if writers[i] is not None:
                 writers[i].add(*scenes.frames(i), int(steps[i]), {key: v[i:i + 1] for key, v in info.items()})
@@ -350,7 +370,7 @@ def rollout(scenes: Scenes, members: Sequence[Policy], split: str, try_indices: 
             infer_queries=int(queries[i])))
     warm = min(len(query_ms), members[0].warmup_queries)
     # frames copied from a device renderer to the host, per step (0 where frames are rendered in host memory)
-    image_bytes = (scenes.image_bytes - image_bytes_0) / total_steps
+    image_bytes = (scenes.image_bytes + members[0].moved_image_bytes() - image_bytes_0) / total_steps
     batch = {
         "v": BATCH_RECORD_VERSION, "setup": setup.id, "tries": list(try_indices), "num_envs": n, "sim": scenes.sim,
         "batched_queries": bool(members[0].batchable), "backend": members[0].backend, "steps": total_steps,

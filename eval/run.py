@@ -62,7 +62,10 @@ def build_parser(prog: str = "python -m eval.run", description: str | None = Non
                    "weights: latency only, success meaningless")
     m.add_argument("--exec-horizon", type=int, help="actions executed per query from a predicted chunk")
     m.add_argument("--temporal-ensembling", action="store_true", help="average overlapping action chunks")
-    m.add_argument("--backend", help="runtime backend of the model (jax, ort, trt)")
+    from engines.backends import MODEL_BACKENDS
+
+    m.add_argument("--backend", help="runtime backend of the model (" + "; ".join(
+        f"{family}: {', '.join(b)}, default {b[0]}" for family, b in MODEL_BACKENDS.items()) + ")")
     m.add_argument("--replay-latency", metavar="FILE", help="delay every action by a latency drawn from a measured "
                    "profile (a tries.jsonl with infer_ms): what a device's latency does to success")
     p.add_argument("--out", required=True, help="output folder")

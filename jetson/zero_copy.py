@@ -3,12 +3,12 @@
 On the CPU a frame reaches the runner as a numpy view of the observation
 buffer (a batch axis added by indexing, never by copying). On a GPU, frames
 that ManiSkill renders into torch CUDA tensors are bound to TensorRT by device
-pointer (`set_tensor_address(name, tensor.data_ptr())`), so an image never
-crosses the bus. Wherever a frame does have to move between host and device
-(a CPU frame for a GPU engine, a GPU frame for a CPU runner) the move is done
-here and its bytes are counted per control step; the report shows 0 when
-nothing moved. torch and tensorrt are only touched through the objects passed
-in, so this module imports on a CPU-only machine.
+pointer (by :class:`engines.runners.TensorRtRunner`, which counts what it does
+copy in a :class:`CopyCounter`), so an image never crosses the bus. Wherever a
+frame does have to move between host and device (a CPU frame for a GPU engine,
+a GPU frame for a CPU runner) the move is counted per control step; the report
+shows 0 when nothing moved. torch and tensorrt are only touched through the
+objects passed in, so this module imports on a CPU-only machine.
 """
 
 from __future__ import annotations
@@ -120,55 +120,9 @@ def host_feeds(obs: Mapping[str, Any], bindings: Mapping[str, str], counter: Cop
 
 
 # ------------------------------------------------------------------------ GPU
-class TensorRTBinder:
-    """Binds torch CUDA tensors to a TensorRT execution context by device pointer (TensorRT >= 8.5 API).
-
-    `context` is a tensorrt.IExecutionContext (or anything with set_input_shape and
-    set_tensor_address). A CPU tensor or numpy frame is moved to the GPU here and
-    its bytes are counted; a CUDA tensor is bound as is.
-    """
-
-    def __init__(self, context: Any, counter: CopyCounter | None = None, device: str = "cuda") -> None:
-        self.context = context
-        self.counter = counter if counter is not None else CopyCounter()
-        self.device = device
-        self._alive: dict[str, Any] = {}  # keeps bound tensors alive while the engine may read them
-
-    def _to_cuda(self, x: Any) -> Any:
-        if is_cuda_tensor(x):
-            return x
-        torch = _torch()
-        t = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
-        self.counter.add_h2d(nbytes(t))
-        return t.to(self.device, non_blocking=True)
-
-    def bind_input(self, name: str, frame: Any) -> int:
-        """Bind an input; returns the device pointer handed to TensorRT."""
-        t = self._to_cuda(frame)
-        if not t.is_contiguous():
-            t = t.contiguous()  # a device-side copy, no bus traffic
-        self.context.set_input_shape(name, tuple(t.shape))
-        ptr = int(t.data_ptr())
-        if not self.context.set_tensor_address(name, ptr):
-            raise ZeroCopyError(f"TensorRT refused the address for input {name!r}")
-        self._alive[name] = t
-        return ptr
-
-    def bind_output(self, name: str, tensor: Any) -> int:
-        if not is_cuda_tensor(tensor):
-            raise ZeroCopyError(f"output {name!r} must be a CUDA tensor to be bound without copies")
-        ptr = int(tensor.data_ptr())
-        if not self.context.set_tensor_address(name, ptr):
-            raise ZeroCopyError(f"TensorRT refused the address for output {name!r}")
-        self._alive[name] = tensor
-        return ptr
-
-    def execute(self, stream_handle: int | None = None) -> None:
-        """Run the engine on the bound buffers (on the current torch stream unless one is given)."""
-        if stream_handle is None:
-            stream_handle = _torch().cuda.current_stream().cuda_stream
-        if not self.context.execute_async_v3(stream_handle):
-            raise ZeroCopyError("TensorRT execute_async_v3 failed")
+# Binding frames to TensorRT by device pointer is engines.runners.TensorRtRunner's (the one binding path): it
+# takes torch CUDA tensors (``__cuda_array_interface__``) without a copy, checks their dtype, layout and stream,
+# and counts host frames it copies in a CopyCounter passed as ``counter``.
 
 
 def _torch():
@@ -187,3 +141,47 @@ def cuda_unavailable_reason() -> str | None:
     if not torch.cuda.is_available():
         return "CUDA is not available to torch"
     return None
+
+
+# ------------------------------------------------------------------------ JAX
+def to_jax(x: Any, counter: CopyCounter | None = None):
+    """A JAX array of a frame for a JAX model: torch tensors by DLPack, sharing memory when JAX runs on the
+    tensor's device (a CUDA frame into JAX on the GPU, a CPU frame into JAX on the CPU); a frame on another
+    device than JAX's is moved, and its bytes counted (host<->device). numpy goes through ``jnp.asarray``,
+    which copies to the GPU when JAX runs there (counted as host-to-device)."""
+    import jax
+
+    platform = jax.default_backend()  # "cpu", "gpu" (CUDA) or "tpu"
+    if is_torch_tensor(x):
+        t = x.detach()
+        if t.is_cuda != (platform == "gpu"):
+            if counter is not None:
+                (counter.add_d2h if t.is_cuda else counter.add_h2d)(nbytes(t))
+            return jax.numpy.asarray(t.cpu().numpy())
+        import jax.dlpack
+
+        return jax.dlpack.from_dlpack(t.contiguous())
+    if platform != "cpu" and counter is not None:
+        counter.add_h2d(nbytes(x))
+    return jax.numpy.asarray(x)
+
+
+def stack_rows(xs: list) -> Any:
+    """``np.stack`` of numpy arrays, ``torch.stack`` of tensors (a GPU frame history stays on its device)."""
+    if is_torch_tensor(xs[0]):
+        import torch
+
+        return torch.stack(xs)
+    return np.stack(xs)
+
+
+def concat_rows(xs: list) -> Any:
+    """The rows of several feeds as one batch: ``np.concatenate``, or ``torch.cat`` for tensors (on their
+    device); one feed is returned as it is."""
+    if len(xs) == 1:
+        return xs[0]
+    if is_torch_tensor(xs[0]):
+        import torch
+
+        return torch.cat(xs)
+    return np.concatenate(xs)

@@ -277,7 +277,8 @@ def test_bad_bc_state_weights_fail_before_any_scene_and_are_not_recorded(tmp_pat
 
 def test_a_corrupt_cached_onnx_export_is_rebuilt(tmp_path, monkeypatch):
     from engines.bc_mlp import DEFAULT_WEIGHTS
-    from eval.policies.bc_state import onnx_for, weights_sha256
+    from engines.bc_mlp import onnx_for_weights as onnx_for
+    from eval.policies.bc_state import weights_sha256
 
     monkeypatch.setenv("SAB_CACHE_DIR", str(tmp_path))
     sha = weights_sha256()

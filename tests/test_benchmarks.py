@@ -66,7 +66,7 @@ def test_octo_rollout_quick(tmp_path):
         assert set(row["share"]) == {"render", "inference", "physics", "other"}
         assert abs(sum(row["share"].values()) - 1) < 0.01 and row["wall_per_inference"] >= 1
         assert row["steps_per_try"] == [12] * row["num_envs"] and row["queries"] == 3
-    assert r["jax_batched_vs_one_tries_per_hour"] > 0
+    assert r["jax_n2_vs_one_tries_per_hour"] > 0
 
 
 def test_eval_walltime_quick(tmp_path):

@@ -13,10 +13,11 @@ import jax.numpy as jnp  # noqa: E402
 
 from engines.backends import rel_err  # noqa: E402
 from engines.octo.export import (  # noqa: E402
-    EXPORT_FORMAT, OnnxOcto, backbone_input_names, onnx_for_engine, params_digest)
+    EXPORT_FORMAT, backbone_input_names, onnx_for_engine, params_digest)
 from engines.octo.model import make_backbone, make_infer, make_sampler  # noqa: E402
 from engines.octo.params import init_params, without_t5  # noqa: E402
 from engines.octo.testing import tiny_engine  # noqa: E402
+from engines.octo.runners import OnnxOcto  # noqa: E402
 from engines.runners import JaxRunner, OnnxRuntimeRunner  # noqa: E402
 
 REL_TOL = 1e-4

@@ -16,9 +16,9 @@ from engines.octo.errors import OctoCheckpointError, OctoError, OctoTokenizerErr
 from engines.octo.params import init_params  # noqa: E402
 from engines.octo.testing import tiny_config, tiny_statistics, train_spiece  # noqa: E402
 from engines.octo.text import HashTokenizer, T5Tokenizer, make_tokenizer  # noqa: E402
-from eval.policies import MODELS  # noqa: E402
+from eval.policies import MODELS, octo_policy  # noqa: E402
 from eval.policies.octo import (  # noqa: E402
-    OctoPolicy, average_crop_box, crop_and_resize, octo_rotation, octo_to_scene, preprocess, scene_angles)
+    average_crop_box, crop_and_resize, octo_rotation, octo_to_scene, preprocess, scene_angles)
 
 INSTRUCTION = "put the square block into the square hole"
 
@@ -114,7 +114,7 @@ def test_average_crop_and_resize():
 # ------------------------------------------------------------------ the policy on a tiny checkpoint
 @pytest.fixture(scope="module")
 def policy(tiny_ckpt):
-    return OctoPolicy(model="octo-small", checkpoint=str(tiny_ckpt), check_size=False)
+    return octo_policy("octo-small", checkpoint=str(tiny_ckpt), check_size=False)
 
 
 def test_policy_history_chunks_and_latency(policy):
@@ -156,13 +156,13 @@ def test_policy_missing_wrist_camera_is_masked(policy):
 
 
 def test_policy_exec_horizon_and_temporal_ensembling(tiny_ckpt, policy):
-    p2 = OctoPolicy(model="octo-small", checkpoint=str(tiny_ckpt), check_size=False, exec_horizon=2)
+    p2 = octo_policy("octo-small", checkpoint=str(tiny_ckpt), check_size=False, exec_horizon=2)
     assert p2.engine is policy.engine  # one engine per process and checkpoint
     p2.reset(INSTRUCTION, seed=1)
     for step in range(5):
         p2.query(observation(step))
     assert len(p2.latencies_ms) + len(p2.warmup_ms) == 3 == p2.queries  # steps 0, 2, 4
-    te = OctoPolicy(model="octo-small", checkpoint=str(tiny_ckpt), check_size=False, temporal_ensembling=True)
+    te = octo_policy("octo-small", checkpoint=str(tiny_ckpt), check_size=False, temporal_ensembling=True)
     te.reset(INSTRUCTION, seed=1)
     te.act(observation(0))
     c1 = te.last_chunk.copy()
@@ -170,9 +170,9 @@ def test_policy_exec_horizon_and_temporal_ensembling(tiny_ckpt, policy):
     c2 = te.last_chunk.copy()
     np.testing.assert_array_equal(a, octo_to_scene((c1[1] + c2[0]) / 2))
     with pytest.raises(ValueError, match="exec-horizon"):
-        OctoPolicy(model="octo-small", checkpoint=str(tiny_ckpt), check_size=False, exec_horizon=5)
+        octo_policy("octo-small", checkpoint=str(tiny_ckpt), check_size=False, exec_horizon=5)
     with pytest.raises(OctoError, match="backend 'trt'"):
-        OctoPolicy(model="octo-small", checkpoint=str(tiny_ckpt), check_size=False, backend="trt")
+        octo_policy("octo-small", checkpoint=str(tiny_ckpt), check_size=False, backend="trt")
 
 
 def test_random_weights_note_and_tokenizer_fallback(no_local_files):
@@ -185,7 +185,7 @@ def test_random_weights_note_and_tokenizer_fallback(no_local_files):
     cfg = tiny_config()
     engine = OctoEngine(cfg, init_params(cfg, seed=4), synthetic_statistics(cfg), identity="random-weights:tiny",
                         tokenizer=HashTokenizer(cfg.t5.vocab_size, cfg.lang_tokens), random_weights=True)
-    pol = OctoPolicy(engine=engine)
+    pol = octo_policy(engine=engine)
     assert pol.note == RANDOM_WEIGHTS_NOTE == "random weights: latency only, success meaningless"
     pol.reset(INSTRUCTION, seed=0)
     assert np.all(np.abs(pol.act(observation(0))) <= 1)
@@ -269,8 +269,8 @@ def test_ort_backend_gives_the_jax_actions_closed_loop(tmp_path_factory, monkeyp
 
     monkeypatch.setenv("SAB_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "sab-cache"))
     engine = tiny_engine(seed=1)
-    jax_pol = OctoPolicy(engine=engine, backend="jax")
-    ort_pol = OctoPolicy(engine=engine, backend="ort")
+    jax_pol = octo_policy(engine=engine, backend="jax")
+    ort_pol = octo_policy(engine=engine, backend="ort")
     assert ort_pol.backend == "ort" and jax_pol.backend == "jax" and ort_pol.note == RANDOM_WEIGHTS_NOTE
     worst = 0.0
     for seed in (0, 7):
@@ -285,4 +285,4 @@ def test_ort_backend_gives_the_jax_actions_closed_loop(tmp_path_factory, monkeyp
             np.testing.assert_allclose(a_ort, a_jax, atol=1e-4)
     assert worst <= 1e-4
     assert ort_pol.model_queries == jax_pol.model_queries == 6
-    assert len(ort_pol.graphs.backbone.latencies_ms) == 7  # 6 queries and the warm-up
+    assert len(ort_pol.runner.backbone.latencies_ms) == 7  # 6 queries and the warm-up

@@ -86,7 +86,7 @@ def test_orin_on_cpu_writes_the_latency_section(tmp_path):
 
 @pytest.mark.parametrize("args,needle", [
     (("--num-envs", "4", "--sim", "gpu"), "GPU"),
-    (("--model", "octo-small", "--random-weights", "--num-envs", "4", "--sim", "gpu"), "camera policies"),
+    (("--model", "octo-small", "--random-weights", "--num-envs", "4", "--sim", "gpu"), "needs GPU simulation"),
     (("--replay-latency", "/nonexistent/profile.jsonl"), "does not exist"),
 ])
 def test_orin_bad_input_is_one_line(tmp_path, args, needle):

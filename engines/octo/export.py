@@ -22,8 +22,8 @@ Weights are baked in as initializers. Metadata records the exporter, opset,
 jax version, model, part, a sha256 of the parameters and whether the weights
 are random (``latency_only``). :func:`onnx_for_engine` exports an
 :class:`~engines.octo.engine.OctoEngine`'s model once and reuses it (cache
-keyed by the parameter digest), and :class:`OnnxOcto` runs the two graphs
-behind any pair of :class:`~engines.runners.Runner`.
+keyed by the parameter digest); :class:`engines.octo.runners.OnnxOcto` runs the
+two graphs behind any pair of graph runners.
 
 jax2onnx is imported only when exporting.
 """
@@ -76,7 +76,9 @@ SAMPLER_INPUTS = ("readout", "init_noise", "step_noise")
 def backbone_feeds(cfg: OctoConfig, images: Sequence[Any], masks, lang, lang_mask=None) -> dict[str, np.ndarray]:
     """Feeds of the backbone graph from ``OctoEngine.predict``'s arguments."""
     b = np.asarray(masks).shape[0]
-    feeds = {f"image_{c.name}": np.ascontiguousarray(img, np.uint8) for c, img in zip(cfg.cameras, images)}
+    # a GPU frame (``__cuda_array_interface__``) stays on the device, for a runner that binds it by address
+    feeds = {f"image_{c.name}": img if hasattr(img, "__cuda_array_interface__") else np.ascontiguousarray(img, np.uint8)
+             for c, img in zip(cfg.cameras, images)}
     feeds["lang_embedding"] = np.ascontiguousarray(np.broadcast_to(np.asarray(lang, np.float32),
                                                                    (b, *np.shape(lang)[1:])))
     feeds["masks"] = np.ascontiguousarray(masks, np.float32)
@@ -279,29 +281,3 @@ def onnx_for_engine(engine, search: Sequence[Path] = (BUILD_DIR,), progress: boo
     return export_octo(engine.cfg, engine.params, folder, keyed, source=engine.identity,
                        random_weights=engine.random_weights, digest=digest, progress=progress)
 
-
-# ------------------------------------------------------------------ running the graphs
-class OnnxOcto:
-    """One Octo query through two runners (backbone, sampler): same arguments as ``OctoEngine.predict``
-    with ``noise``, same (B, horizon, dim) normalised output."""
-
-    def __init__(self, cfg: OctoConfig, backbone, sampler) -> None:
-        self.cfg = cfg
-        self.backbone = backbone
-        self.sampler = sampler
-
-    def activate(self) -> "OnnxOcto":
-        self.backbone.activate()
-        self.sampler.activate()
-        return self
-
-    def deactivate(self) -> None:
-        self.backbone.deactivate()
-        self.sampler.deactivate()
-
-    def readout(self, images, masks, lang, lang_mask=None) -> np.ndarray:
-        return self.backbone.infer(backbone_feeds(self.cfg, images, masks, lang, lang_mask))["readout"]
-
-    def predict(self, images, masks, lang, noise: tuple[Any, Any]) -> np.ndarray:
-        r = self.readout(images, masks, lang)
-        return self.sampler.infer(sampler_feeds(r, *noise))["actions"]

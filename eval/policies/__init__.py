@@ -42,11 +42,53 @@ def _hold(**_):
     return HoldPolicy()
 
 
+def octo_policy(model: str = "octo-small", *, engine=None, backend: str | None = None, checkpoint: str | None = None,
+                random_weights: bool = False, exec_horizon: int | None = None, temporal_ensembling: bool = False,
+                seed: int = 0, check_size: bool = True, unnorm_key: str | None = None) -> Policy:
+    """An Octo policy: its engine (loaded, random, or the one given) and the engine's runner on ``backend``
+    (default jax) from the one backend factory. Every missing module or backend is one line, before loading."""
+    from engines.backends import BackendSpec, BackendUnavailable, model_backend, model_runner, unavailable_reason
+    from engines.octo.engine import get_engine
+    from engines.octo.errors import OctoError
+    from engines.optional import require
+    from eval.policies.octo import TRT_BATCH_MAX, TRT_PRECISION, OctoPolicy
+
+    for module in ("jax", "flax", "sentencepiece"):
+        require(module, "jax")
+    try:
+        backend = model_backend(model, backend)
+    except ValueError as e:
+        raise OctoError(str(e)) from None
+    spec = BackendSpec(backend, precision=TRT_PRECISION, max_batch=TRT_BATCH_MAX)
+    reason = unavailable_reason(backend)
+    if reason:  # before loading anything
+        raise OctoError(f"backend {backend!r} {reason}")
+    if engine is None:
+        engine = get_engine(model, checkpoint=checkpoint, random_weights=random_weights, seed=seed,
+                            check_size=check_size)
+    try:
+        runner = model_runner(model, spec, engine=engine)
+    except BackendUnavailable as e:
+        raise OctoError(str(e)) from None
+    return OctoPolicy(engine, runner, name=model, exec_horizon=exec_horizon,
+                      temporal_ensembling=temporal_ensembling, unnorm_key=unnorm_key)
+
+
+def bc_state_policy(checkpoint: str | None = None, backend: str | None = None) -> Policy:
+    """bc-state from a weights file (default: the shipped ones) on ``backend`` (default ort), its runner from
+    the one backend factory."""
+    from engines.backends import BackendSpec, model_backend, model_runner
+    from engines.bc_mlp import DEFAULT_WEIGHTS
+    from eval.policies.bc_state import ORT_THREADS, TRT_BATCH_MAX, TRT_PRECISION, BCStatePolicy
+
+    weights = checkpoint or DEFAULT_WEIGHTS
+    spec = BackendSpec(model_backend("bc-state", backend), precision=TRT_PRECISION, max_batch=TRT_BATCH_MAX, threads=ORT_THREADS)
+    return BCStatePolicy(model_runner("bc-state", spec, weights=weights), weights)
+
+
 def _octo(model: str):
     def factory(setup=None, **options):
-        from eval.policies.octo import OctoPolicy
-
-        return OctoPolicy(model=model, **options)
+        return octo_policy(model, **options)
 
     return factory
 
@@ -65,9 +107,7 @@ def _octo_check(model: str):
 
 
 def _bc_state(checkpoint=None, backend=None, **_):
-    from eval.policies.bc_state import BCStatePolicy
-
-    return BCStatePolicy(weights=checkpoint, backend=backend or "ort")
+    return bc_state_policy(checkpoint, backend)
 
 
 def _bc_state_weights(checkpoint=None, **_):

@@ -20,6 +20,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from jetson.zero_copy import concat_rows
+
 TRACKS = ("reference", "sanity", "frozen", "adapted")
 ACTION_DIM = 7  # end-effector delta xyz, delta roll-pitch-yaw, gripper (+1 open, -1 close)
 ACTION_BOUND = 1.0  # the controller's normalised range is [-1, 1] in every component; it clips the rest
@@ -88,6 +90,12 @@ class Policy(abc.ABC):
         rollout renders the cameras only for steps some policy reads; the others get no images."""
         return True
 
+    def moved_image_bytes(self) -> int:
+        """Image bytes the policy's runner has moved between host and device so far (0: none, or no runner
+        that could); the rollout reports them per step beside the scenes' own."""
+        copies = getattr(getattr(self, "runner", None), "copies", None)
+        return 0 if copies is None else copies.h2d_bytes + copies.d2h_bytes
+
     def prepare_batch(self, n: int) -> None:
         """Called once before a rollout of ``n`` scenes: compile or warm the model for that batch (untimed)."""
 
@@ -144,7 +152,7 @@ def query_members(members: Sequence[Policy], observations: Sequence[Mapping[str,
         with lead.stage("preprocess"):
             rows = {i: r for r, i in enumerate(i for i, p in enumerate(parts) if p is not None)}
             used = [p for p in parts if p is not None]
-            feeds = {k: np.concatenate([p[k] for p in used]) if len(used) > 1 else used[0][k] for k in used[0]}
+            feeds = {k: concat_rows([p[k] for p in used]) for k in used[0]}
         with lead.stage("inference"):
             outputs = lead.infer(feeds)
     with lead.stage("postprocess"):

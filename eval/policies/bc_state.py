@@ -1,49 +1,27 @@
-"""bc-state (track: adapted): the MLP on exact state, run through ONNX Runtime or torch."""
+"""bc-state (track: adapted): the MLP on exact state, run by a runner the backend factory built (ONNX
+Runtime, TensorRT or torch; :func:`eval.policies.bc_state_policy` assembles it)."""
 
 from __future__ import annotations
 
 import copy
-import os
-import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
-from engines.bc_mlp import DEFAULT_WEIGHTS, export_onnx, load, numpy_forward
-from engines.backends import onnx_cache_dir
-from engines.onnx_utils import BadModelFileError, check_onnx_file, sha256_file
+from engines.bc_mlp import DEFAULT_WEIGHTS
+from engines.onnx_utils import sha256_file
 from eval.policies.base import Policy
 from eval.training.state_features import ActionHistory, policy_input
 
-BACKENDS = ("ort", "trt", "torch")
 TRT_PRECISION = "fp32"  # a 0.3 MB MLP: fp16 would save nothing measurable and cost sub-millimetre precision
 TRT_BATCH_MAX = 256  # the engine's profile covers every --num-envs batch up to this
+ORT_THREADS = 1  # a 0.3 MB MLP at batch 1 gains nothing from more threads, and workers share the cores
 
 
 def weights_sha256(weights: str | Path | None = None) -> str:
     """sha256 of a weights file (default: the shipped ones): what a run's records and run.json name."""
     return sha256_file(weights or DEFAULT_WEIGHTS)
-
-
-def onnx_for(weights: Path, sha256: str) -> Path:
-    """The ONNX export of a weights file, made once and cached under a name from the weights' sha256; a
-    cached file that fails the ONNX check (truncated, corrupt) is exported again."""
-    digest = sha256[:16]
-    path = onnx_cache_dir() / f"bc_state_{digest}.onnx"
-    if path.exists():
-        try:
-            check_onnx_file(path)
-        except BadModelFileError as e:
-            print(f"cached ONNX export {path} fails its check ({str(e).split('; ')[0]}); exporting it again from "
-                  f"{weights}", file=sys.stderr)
-            path.unlink()
-    if not path.exists():
-        model, config, _ = load(weights)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp.onnx")
-        export_onnx(model, config, tmp, source=f"{weights.name} sha256 {digest}")
-        os.replace(tmp, path)
-    return path
 
 
 class BCStatePolicy(Policy):
@@ -52,27 +30,14 @@ class BCStatePolicy(Policy):
     observes = "state"
     batchable = True
 
-    def __init__(self, weights: str | Path | None = None, backend: str = "ort") -> None:
+    def __init__(self, runner, weights: str | Path | None = None) -> None:
+        """``runner``: the model's runner (``{"state": (B, d)} -> {"action": (B, 7)}``); ``weights``: the file it
+        was built from, named in the records."""
         super().__init__()
-        if backend not in BACKENDS:
-            raise ValueError(f"bc-state backend {backend!r} unknown; valid: {', '.join(BACKENDS)}")
+        self.runner = runner
+        self.backend = runner.name
         self.weights = Path(weights) if weights else DEFAULT_WEIGHTS
-        self.backend = backend
-        self.model, self.config, self.meta = load(self.weights)  # checks shapes and normalisation, one line
         self.weights_sha256 = weights_sha256(self.weights)
-        if backend in ("ort", "trt"):
-            from engines.backends import BackendSpec, make_runner, unavailable_reason
-
-            reason = unavailable_reason(backend)  # before any export: one line saying why not
-            if reason:
-                raise ValueError(f"bc-state backend {backend!r} {reason}")
-            spec = BackendSpec(backend, precision=TRT_PRECISION, max_batch=TRT_BATCH_MAX, threads=1)
-            self.runner = make_runner(onnx_for(self.weights, self.weights_sha256), spec)
-        else:
-            from engines.runners import CallableRunner
-
-            self.runner = CallableRunner("torch", lambda state: {"action": numpy_forward(self.model, state)}).activate()
-
         self.history = ActionHistory()
 
     def reset(self, instruction: str, seed: int | None = None) -> None:

@@ -39,13 +39,20 @@ What the adapter does, step by step, as upstream's evaluation wrappers do
   displacement per step, four times as fast).
 - Proprioception is not used (Octo 1.5 has no proprio tokenizer).
 
-Backends (``backend``): ``jax`` (default) runs the jitted JAX model; ``ort``
-runs the exported ONNX graphs (backbone, unrolled sampler; see
-:mod:`engines.octo.export`) through ONNX Runtime on the CPU; ``trt`` builds
-TensorRT engines from them (``TRT_PRECISION``) and runs them on the GPU. The
-noise of every query is drawn from the try's key in JAX for all backends, so
-equal seeds give the same actions on every backend (to float rounding). The
-instruction embedding (T5) always runs in JAX, once per instruction.
+Backends: the policy receives its runner from the one backend factory
+(:func:`engines.backends.model_runner`, assembled by :func:`eval.policies.octo_policy`):
+``jax`` runs the jitted JAX model (on the CPU, or on the GPU where JAX has CUDA); ``ort``
+runs the exported ONNX graphs (backbone, unrolled sampler; see :mod:`engines.octo.export`)
+through ONNX Runtime on the CPU; ``trt`` builds TensorRT engines from them
+(``TRT_PRECISION``) and runs them on the GPU. The noise of every query is drawn from the
+try's key in JAX for all backends, so equal seeds give the same actions on every backend
+(to float rounding). The instruction embedding (T5) always runs in JAX, once per
+instruction.
+
+Frames on the GPU: camera frames that arrive as torch tensors (GPU scenes render into CUDA
+tensors) are preprocessed with torch on their device (the same crop and rounding, byte for
+byte; Lanczos resizing is not done there, so the cameras must have the model's image sizes)
+and stay there: the runner takes them by DLPack (JAX) or device pointer (TensorRT).
 
 Batches and rendering: the policy is batchable (``encode`` / ``infer`` /
 ``decode``): the scenes of a rollout that query on the same step share one
@@ -73,13 +80,13 @@ from typing import Any, Mapping
 import numpy as np
 
 from eval.policies.base import Policy
+from jetson.zero_copy import is_torch_tensor, stack_rows
 
 TRANSLATION_SCALE_M = 0.1
 ROTATION_SCALE_RAD = 0.1
 CAMERA_OF = {"primary": "third_person", "wrist": "wrist"}  # Octo image -> observation["images"] key
 AVG_CROP_SCALE, AVG_CROP_RATIO = 0.9, 1.0  # the mean of upstream's random_resized_crop (scale 0.8..1)
 AUGMENTED_KEYS = ("image_primary",)
-BACKENDS = ("jax", "ort", "trt")
 TRT_PRECISION = "fp16"  # the Orin's fast path; device_check compares it with fp32
 TRT_BATCH_MAX = 64  # the engines' batch profile covers every --num-envs batch up to this (opt: batch 1)
 
@@ -168,6 +175,56 @@ def crop_and_resize(img: np.ndarray, box: np.ndarray, size: tuple[int, int]) -> 
     return t + (b - t) * yl
 
 
+def crop_and_resize_torch(img, box: np.ndarray, size: tuple[int, int]):
+    """:func:`crop_and_resize` of one HxWxC torch tensor on its own device: the same operations on the same
+    dtypes in the same order (eager kernels, nothing fused), so the same bits as the numpy version."""
+    import torch
+
+    x = img.to(torch.float32)
+    hgt, wid = x.shape[:2]
+    ch, cw = size
+    y1, x1, y2, x2 = (np.float32(v) for v in box)
+
+    def coords(c0, c1, n_in, n_out):
+        if n_out > 1:
+            return c0 * (n_in - 1) + np.arange(n_out, dtype=np.float32) * ((c1 - c0) * (n_in - 1) / (n_out - 1))
+        return np.full(1, 0.5 * (c0 + c1) * (n_in - 1), np.float32)
+
+    ys, xs = coords(y1, y2, hgt, ch).astype(np.float32), coords(x1, x2, wid, cw).astype(np.float32)
+    ys, xs = np.clip(ys, 0, hgt - 1), np.clip(xs, 0, wid - 1)
+    top, left = np.floor(ys).astype(int), np.floor(xs).astype(int)
+    bottom, right = np.ceil(ys).astype(int), np.ceil(xs).astype(int)
+    # float32 - int64 is float64 in numpy: the weights, and so the blend, are float64 there, and here
+    yl, xl = (ys - top)[:, None, None], (xs - left)[None, :, None]
+
+    def dev(a):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(x.device)
+
+    top, left, bottom, right, yl, xl = (dev(a) for a in (top, left, bottom, right, yl, xl))
+    tl, tr = x[top][:, left], x[top][:, right]
+    bl, br = x[bottom][:, left], x[bottom][:, right]
+    t = tl + (tr - tl) * xl
+    b = bl + (br - bl) * xl
+    return t + (b - t) * yl
+
+
+def preprocess_torch(img, size: tuple[int, int], average_crop: bool):
+    """:func:`preprocess` of a torch tensor, on its device (the GPU path): uint8 out, byte-identical."""
+    import torch
+
+    from engines.octo.errors import OctoError
+
+    if img.dtype != torch.uint8:
+        img = torch.clamp(torch.round(img), 0, 255).to(torch.uint8)
+    img = img[..., :3]
+    if tuple(img.shape[:2]) != tuple(size):
+        raise OctoError(f"a camera frame of {tuple(img.shape[:2])} on the device needs resizing to {tuple(size)}, "
+                        "which only the host path does: give the camera the model's image size")
+    if average_crop:
+        img = torch.clamp(torch.round(crop_and_resize_torch(img, average_crop_box(), size)), 0, 255).to(torch.uint8)
+    return img
+
+
 def preprocess(img: np.ndarray, size: tuple[int, int], average_crop: bool) -> np.ndarray:
     """Upstream ResizeImageWrapper: Lanczos resize, then (augmented images only) the average crop, uint8."""
     img = np.asarray(img)
@@ -188,32 +245,17 @@ class OctoPolicy(Policy):
     batchable = True
     backend = "jax"
 
-    def __init__(self, model: str = "octo-small", checkpoint: str | None = None, random_weights: bool = False,
-                 exec_horizon: int | None = None, temporal_ensembling: bool = False, backend: str | None = None,
-                 unnorm_key: str | None = None, engine: Any = None, seed: int = 0, check_size: bool = True):
+    def __init__(self, engine: Any, runner: Any, name: str | None = None, exec_horizon: int | None = None,
+                 temporal_ensembling: bool = False, unnorm_key: str | None = None):
+        """``engine``: the :class:`~engines.octo.engine.OctoEngine` (config, T5, noise, statistics); ``runner``:
+        its model on one backend (:mod:`engines.octo.runners`), from the backend factory."""
         super().__init__()
-        from engines.optional import require
+        from engines.octo.engine import UNNORM_KEY
 
-        for module in ("jax", "flax", "sentencepiece"):
-            require(module, "jax")  # one line naming what to install
-        from engines.octo.engine import UNNORM_KEY, get_engine
-        from engines.octo.errors import OctoError
-
-        backend = backend or "jax"
-        if backend not in BACKENDS:
-            raise OctoError(f"backend {backend!r} unknown for {model}; valid: {', '.join(BACKENDS)}")
-        if backend in ("ort", "trt"):  # before loading anything: one line saying why not
-            from engines.backends import unavailable_reason
-
-            reason = unavailable_reason(backend)
-            if reason:
-                raise OctoError(f"backend {backend!r} {reason}")
-            require("onnx", "export")
-        self.name = model
-        self.backend = backend
-        self.engine = engine if engine is not None else get_engine(
-            model, checkpoint=checkpoint, random_weights=random_weights, seed=seed, check_size=check_size)
-        self.graphs = None if backend == "jax" else octo_graphs(self.engine, backend)
+        self.engine = engine
+        self.runner = runner
+        self.name = name or engine.cfg.name
+        self.backend = runner.name
         cfg = self.engine.cfg
         self.cfg = cfg
         horizon = cfg.action_horizon
@@ -278,21 +320,6 @@ class OctoPolicy(Policy):
         # batch first, as every feed: (1, diffusion_steps, flat)
         return {**feeds, "masks": masks, "lang": self._lang, "init_noise": init, "step_noise": np.swapaxes(steps, 0, 1)}
 
-    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Normalised chunks (B, horizon, dim) for stacked feeds. JAX compiles once per batch size, so a batch
-        is padded to the next power of two (row results do not depend on the padding rows)."""
-        b = feeds["masks"].shape[0]
-        pad = _padded(b) - b if self.graphs is None else 0
-        if pad:
-            feeds = {k: np.concatenate([v, np.repeat(v[:1], pad, axis=0)]) for k, v in feeds.items()}
-        images = [feeds[f"image_{c.name}"] for c in self.cfg.cameras]
-        noise = (feeds["init_noise"], np.swapaxes(feeds["step_noise"], 0, 1))
-        if self.graphs is None:
-            normalized = self.engine.predict(images, feeds["masks"], feeds["lang"], noise=noise)
-        else:
-            normalized = self.graphs.predict(images, feeds["masks"], feeds["lang"], noise)
-        return {"actions": np.asarray(normalized)[:b]}
-
     def decode(self, outputs: Mapping[str, np.ndarray] | None, row: int) -> np.ndarray:
         if outputs is not None:
             chunk = self.engine.unnormalize(outputs["actions"][row], self.unnorm_key)
@@ -317,8 +344,7 @@ class OctoPolicy(Policy):
 
     def prepare_batch(self, n: int) -> None:
         """Compile (JAX: every padded batch size up to n) or run once (ONNX Runtime, TensorRT) for n scenes."""
-        sizes = sorted({_padded(b) for b in range(1, n + 1)}) if self.graphs is None else [n]
-        for b in sizes:
+        for b in self.runner.batch_sizes(n):
             if b not in self._warm_batches:
                 self.infer(self._blank_feeds(b))
                 self._warm_batches.add(b)
@@ -326,13 +352,17 @@ class OctoPolicy(Policy):
     # ------------------------------------------------------------ internals
     def _frame(self, observation: Mapping[str, Any]) -> dict[str, tuple[np.ndarray, float]]:
         images = observation.get("images") or {}
+        device = next((img for img in images.values() if is_torch_tensor(img)), None)  # frames on a device
         frame = {}
         for cam in self.cfg.cameras:
             img = images.get(CAMERA_OF.get(cam.name, cam.name))
+            crop = cam.obs_key in AUGMENTED_KEYS  # upstream's ResizeImageWrapper crops only image_primary
             if img is None:
-                frame[cam.name] = (np.zeros((*cam.image_size, 3), np.uint8), 0.0)
-            else:  # upstream's ResizeImageWrapper crops only the keys augmented in training: image_primary
-                crop = cam.obs_key in AUGMENTED_KEYS
+                blank = np.zeros((*cam.image_size, 3), np.uint8)
+                frame[cam.name] = (blank if device is None else _torch_like(blank, device), 0.0)
+            elif is_torch_tensor(img):
+                frame[cam.name] = (preprocess_torch(img, cam.image_size, average_crop=crop), 1.0)
+            else:
                 frame[cam.name] = (preprocess(img, cam.image_size, average_crop=crop), 1.0)
         return frame
 
@@ -342,7 +372,7 @@ class OctoPolicy(Policy):
         hist = list(self._history)
         if any(f is None for f in hist):
             raise RuntimeError("a frame of Octo's history window was not rendered (reads_observation is wrong)")
-        images = [np.stack([f[c.name][0] for f in hist])[None] for c in self.cfg.cameras]
+        images = [stack_rows([f[c.name][0] for f in hist])[None] for c in self.cfg.cameras]
         masks = np.zeros((1, w, 1 + len(self.cfg.cameras)), np.float32)
         pad = w - min(self._num_obs, w)
         masks[0, pad:, 0] = 1.0
@@ -363,17 +393,7 @@ class OctoPolicy(Policy):
         self.prepare_batch(1)
 
 
-def _padded(b: int) -> int:
-    return 1 << (b - 1).bit_length()
+def _torch_like(array: np.ndarray, like):
+    import torch
 
-
-def octo_graphs(engine, backend: str):
-    """The engine's model as exported graphs behind runners from the one backend factory: ONNX Runtime on the
-    CPU (``ort``) or TensorRT engines built from the same ONNX files (``trt``, batch profile up to
-    ``TRT_BATCH_MAX``). Exports and engines are cached (see engines.octo.export, engines.backends)."""
-    from engines.backends import BackendSpec, make_runner
-    from engines.octo.export import OnnxOcto, onnx_for_engine
-
-    onnx = onnx_for_engine(engine)
-    spec = BackendSpec(backend, precision=TRT_PRECISION, max_batch=TRT_BATCH_MAX)
-    return OnnxOcto(engine.cfg, *(make_runner(p, spec) for p in (onnx.backbone, onnx.sampler)))
+    return torch.from_numpy(array).to(like.device)
