@@ -17,7 +17,7 @@ setup(
     ),
     python_requires=">=3.10",
     packages=find_packages(include=TOP_LEVEL + [p + ".*" for p in TOP_LEVEL]),
-    package_data={"env": ["*.json", "*.md", "**/*.json", "**/*.jsonl", "**/*.md"]},
+    package_data={"env": ["*.json", "*.md", "**/*.json", "**/*.jsonl", "**/*.md"], "eval.site": ["*.json"]},
     install_requires=[
         "numpy",
         "scipy",

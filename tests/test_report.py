@@ -323,3 +323,21 @@ def test_cli(tmp_path, capsys):
     assert data["model"] == "mine" and data["bootstrap"]["n_boot"] == 100
     expected = build_summary(published_records("scripted", full=False, tries=2), n_boot=100)["S"]
     assert math.isclose(data["S"], expected)
+
+
+def test_random_weights_and_incomplete_frozen_runs_are_not_ranked_in_report():
+    from eval.report import render_markdown
+
+    note = "random weights: latency only, success meaningless"
+    recs = [{"setup": sid, "try": 0, "success": False, "model": "octo-small", "track": "frozen", "note": note}
+            for sid in SCORED_IDS]
+    md = render_markdown({"octo-small": build_summary(recs, n_boot=20)})
+    row = next(ln for ln in md.splitlines() if ln.startswith("| octo-small |"))
+    assert "no (random weights: latency only)" in row and "| yes |" not in row
+    recs = [dict(r, note=None) for r in recs if r["setup"] != "G02"]
+    md = render_markdown({"octo-small": build_summary(recs, n_boot=20)})
+    row = next(ln for ln in md.splitlines() if ln.startswith("| octo-small |"))
+    assert "no (incomplete)" in row
+    recs.append({"setup": "G02", "try": 0, "success": False, "model": "octo-small", "track": "frozen"})
+    md = render_markdown({"octo-small": build_summary(recs, n_boot=20)})
+    assert "| frozen | yes |" in md

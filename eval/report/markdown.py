@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 from env.setups import DIFFICULTIES, GROUPS
-from eval.report.summary import N_WEAKEST, RANKED_TRACKS, _json_key
+from eval.report.summary import N_WEAKEST, _json_key, ranked_text
 
 
 # --------------------------------------------------------------------------
@@ -164,7 +164,7 @@ def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | 
     L += ["## Leaderboard", ""]
     rows = []
     for n, s in sorted(summaries.items(), key=_s_key):
-        rows.append([n, _val(s["track"]), RANKED_TRACKS.get(s["track"], "?") if isinstance(s["track"], str) else "?",
+        rows.append([n, _val(s["track"]), ranked_text(s),
                      _val(s["split"]), _val(s["arm"]), _machine_short(s["machine"]), str(s["n_tries"]),
                      _pct_rng(s["S"], s["S_ci"]), _pct_rng(s["M"], s["M_ci"])])
     L += _table(["Model", "Track", "Ranked", "Split", "Arm", "Machine", "Tries", "S % [95% range]",

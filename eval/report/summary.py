@@ -36,6 +36,28 @@ N_WEAKEST = 3
 RANKED_TRACKS = {"frozen": "yes", "reference": "no", "sanity": "no", "adapted": "no"}
 
 
+def is_random_weights(summary: Mapping, run_json: Mapping | None = None) -> bool:
+    """A run of a model with seeded random weights (``--random-weights``): latency only, never ranked.
+    Known from run.json's options or the records' note ("random weights: latency only, ...")."""
+    opts = (run_json or {}).get("options") or {}
+    if isinstance(opts, Mapping) and opts.get("random_weights"):
+        return True
+    note = summary.get("note")
+    notes = note if isinstance(note, list) else [note]
+    return any(isinstance(n, str) and "random weights" in n for n in notes)
+
+
+def ranked_text(summary: Mapping, run_json: Mapping | None = None) -> str:
+    """The leaderboard's "Ranked" cell of a run: only complete frozen-track runs with real weights are ranked."""
+    if is_random_weights(summary, run_json):
+        return "no (random weights: latency only)"
+    track = summary.get("track")
+    ranked = RANKED_TRACKS.get(track, "?") if isinstance(track, str) else "?"
+    if ranked == "yes" and not summary.get("complete"):
+        return "no (incomplete)"
+    return ranked
+
+
 class ReportError(ValueError):
     """Bad input to the report (message is one line)."""
 

@@ -1,0 +1,25 @@
+"""The results page: the published page's tables and charts from any set of run folders.
+
+``python -m eval.site --runs DIR [DIR ...] --out SITE`` writes ``SITE/index.html``: one self-contained
+page (inline CSS, JS and SVG; nothing fetched, it works offline from disk) with the leaderboard by the
+published page's ranking rules, success by task group and by difficulty with bootstrap ranges, every
+setup per run as a heatmap whose cells show k/n (hover or tap: "k/n [lo, hi]", Wilson 95%), secondary
+metrics, the three arms, the full board, latency CDFs with the device named, paired differences of runs
+that share a task list, the spec's published numbers (section 8, ``eval/site/published.json``) as
+"published (Orin)" beside "here", and every run's machine, task-list and weights sha256, predicate
+version and command line.
+
+- ``runs.py``: run folders, the ranking rules, the published numbers;
+- ``render.py``: the HTML;
+- ``cli.py`` / ``__main__.py``: the command line.
+
+A DIR that is not itself a run folder is searched for run folders below it (``--runs results`` builds
+the page of every committed run; comparisons of several models are left out and listed).
+"""
+from __future__ import annotations
+
+from eval.site.cli import build_site, main
+from eval.site.runs import SiteError, leaderboard, load_published, load_run, load_runs, run_status
+
+__all__ = ["build_site", "main", "SiteError", "leaderboard", "load_published", "load_run", "load_runs",
+           "run_status"]

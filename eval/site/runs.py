@@ -1,0 +1,370 @@
+"""Run folders for the results page: loading, the leaderboard's ranking rules, the published numbers.
+
+A run folder is what ``eval.run`` / ``eval.orin`` write: ``summary.json`` (one model, built by
+:func:`eval.report.summary.build_summary`), with ``run.json`` and ``tries.jsonl`` beside it where they
+exist.  The page reads every number of a run from its ``summary.json`` (so the page and the run's own
+report agree), and reads ``tries.jsonl`` only for what a summary does not hold: the per-query latencies
+of the CDF and the paired differences (:func:`eval.report.summary.paired_summary`).
+
+Ranking rules (docs/BENCHMARK.md section 4, the published page): only frozen-track runs with real
+weights, complete (every scored setup has its planned tries) on the test split are ranked; reference,
+adapted and sanity runs are shown for comparison; a random-weights run is never ranked and is labelled
+"latency only" wherever it appears; an incomplete run is marked "Incomplete: k of n tries per setup".
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from env.setups import DIFFICULTIES, GROUPS, SCORED_IDS, difficulty_of, group_of
+from eval.report.summary import ReportError, is_random_weights, load_tries
+from eval.stats import score, score_to_dict, wilson
+
+PUBLISHED_FILE = Path(__file__).with_name("published.json")
+LATENCY_ONLY = "latency only: random weights, success meaningless"
+
+
+class SiteError(ValueError):
+    """Bad input to the results page (message is one line naming the folder or file)."""
+
+
+@dataclass
+class Run:
+    """One run folder: its summary, run.json, per-query latencies and (lazily) its records."""
+    folder: Path
+    summary: dict
+    run_json: dict | None
+    tries_path: Path | None
+    latencies: list[float] = field(default_factory=list)
+    rid: str = ""
+    label: str = ""
+    status: dict = field(default_factory=dict)
+    _records: list[dict] | None = None
+
+    @property
+    def model(self) -> str:
+        return str(self.summary.get("model"))
+
+    @property
+    def scored(self) -> bool:
+        """Has tries on the 30 scored setups (a full-board-only run has none)."""
+        return bool(self.summary.get("n_tries"))
+
+    def records(self) -> list[dict]:
+        if self._records is None:
+            self._records = _load_records(self.tries_path) if self.tries_path else []
+        return self._records
+
+
+# --------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise SiteError(f"{path}: cannot read ({e.strerror or e})") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SiteError(f"{path}: not JSON ({' '.join(str(e).split())})") from None
+
+
+def _load_records(path: Path) -> list[dict]:
+    try:
+        return load_tries(path)
+    except ReportError as e:
+        raise SiteError(" ".join(str(e).split())) from None
+
+
+def _run_kind(summary: Any) -> str:
+    """'run', 'comparison' (eval.report over several models) or 'other' (not a benchmark summary)."""
+    if isinstance(summary, dict) and isinstance(summary.get("models"), dict):
+        return "comparison"
+    if isinstance(summary, dict) and isinstance(summary.get("setups"), dict) and "S" in summary:
+        return "run"
+    return "other"
+
+
+def load_run(folder: str | Path) -> Run:
+    """One run folder; a :class:`SiteError` naming the folder or file when it is not one."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise SiteError(f"{folder}: no such folder")
+    sp = folder / "summary.json"
+    if not sp.is_file():
+        raise SiteError(f"{folder}: no summary.json (not a run folder: eval.run and eval.orin write one)")
+    summary = _read_json(sp)
+    kind = _run_kind(summary)
+    if kind == "comparison":
+        raise SiteError(f"{sp}: a comparison of several models (eval.report with several --tries), not one "
+                        f"run; pass the runs' own folders")
+    if kind != "run":
+        raise SiteError(f"{sp}: not a benchmark run's summary (no S and setups)")
+    missing = [k for k in ("model", "n_tries", "complete", "S_ci", "groups", "difficulty", "secondary",
+                           "full_board") if k not in summary]
+    if missing:
+        raise SiteError(f"{sp}: lacks {', '.join(missing)} (written by an older release? rebuild it with "
+                        f"python -m eval.report --tries {folder / 'tries.jsonl'} --out {folder})")
+    rj = folder / "run.json"
+    run_json = _read_json(rj) if rj.is_file() else None
+    if run_json is not None and not isinstance(run_json, dict):
+        raise SiteError(f"{rj}: not a JSON object")
+    tp = folder / "tries.jsonl"
+    run = Run(folder=folder, summary=summary, run_json=run_json, tries_path=tp if tp.is_file() else None)
+    if run.tries_path:
+        run.latencies = sorted(float(v) for r in run.records() if r.get("setup") in SCORED_IDS
+                               and isinstance(r.get("infer_ms"), list) for v in r["infer_ms"])
+    return run
+
+
+def find_runs(root: str | Path) -> tuple[list[Path], list[str]]:
+    """Run folders at or below ``root`` (sorted), and why other folders with a summary.json were left out."""
+    root = Path(root)
+    found, skipped = [], []
+    for sp in sorted(root.rglob("summary.json")):
+        try:
+            kind = _run_kind(json.loads(sp.read_text(encoding="utf-8")))
+        except (OSError, ValueError, UnicodeDecodeError):
+            kind = "unreadable"
+        if kind == "run":
+            found.append(sp.parent)
+        else:
+            why = {"comparison": "a comparison of several runs", "other": "not a benchmark run (no S and setups)",
+                   "unreadable": "summary.json not readable JSON"}[kind]
+            skipped.append(f"{sp.parent}: {why}")
+    return found, skipped
+
+
+def load_runs(dirs: Sequence[str | Path]) -> tuple[list[Run], list[str]]:
+    """Every run of ``dirs``: a run folder itself, or a folder holding run folders below it."""
+    runs: list[Run] = []
+    notes: list[str] = []
+    seen: set[Path] = set()
+    for d in dirs:
+        d = Path(d)
+        if d.is_dir() and not (d / "summary.json").exists():
+            found, skipped = find_runs(d)
+            if not found:
+                raise SiteError(f"{d}: no summary.json in it or below it (not a run folder)")
+            notes += skipped
+            folders = found
+        else:
+            folders = [d]
+        for f in folders:
+            key = f.resolve()
+            if key in seen:
+                continue
+            seen.add(key)
+            runs.append(load_run(f))
+    if not runs:
+        raise SiteError("no run folders given")
+    _name_runs(runs)
+    for r in runs:
+        r.status = run_status(r.summary, r.run_json)
+    board = leaderboard(runs)  # every section of the page lists the runs in the leaderboard's order
+    return [r for sec in board.values() for _, r in sec], notes
+
+
+def _name_runs(runs: list[Run]) -> None:
+    paths = [r.folder.resolve() for r in runs]
+    common = Path(*paths[0].parts[:min(len(p.parts) for p in paths)]) if paths else Path()
+    for p in paths[1:]:
+        while common not in (p, *p.parents):
+            common = common.parent
+    for i, (r, p) in enumerate(zip(runs, paths)):
+        r.rid = f"r{i}"
+        rel = p.relative_to(common) if p != common else Path(p.name)
+        r.label = str(rel)
+
+
+# --------------------------------------------------------------------------
+# Ranking rules
+# --------------------------------------------------------------------------
+def tries_per_setup(summary: Mapping) -> tuple[int, int, int]:
+    """(fewest tries of any scored setup, the most, setups with no tries)."""
+    ns = [int((e or {}).get("n") or 0) for e in (summary.get("setups") or {}).values()]
+    ns += [0] * (len(SCORED_IDS) - len(ns))
+    return min(ns), max(ns), sum(1 for n in ns if n == 0)
+
+
+def run_status(summary: Mapping, run_json: Mapping | None = None) -> dict:
+    """The leaderboard's verdict on one run.
+
+    Returns {ranked, section ('ranked', 'comparison', 'incomplete', 'latency_only', 'full_board'),
+    incomplete (the "Incomplete: k of n tries per setup" text or None), latency_only, text}.
+    """
+    track = summary.get("track")
+    split = summary.get("split")
+    random_w = is_random_weights(summary, run_json)
+    k, n, empty = tries_per_setup(summary)
+    planned = (summary.get("run") or {}).get("planned") if isinstance(summary.get("run"), Mapping) else None
+    full_only = not summary.get("n_tries") and bool(summary.get("full_board"))
+    incomplete = None
+    if not full_only and (empty or k < n or summary.get("complete") is False):
+        incomplete = f"Incomplete: {k} of {n} tries per setup"
+        if empty:
+            incomplete += f" ({empty} of {len(SCORED_IDS)} setups without tries)"
+    elif not full_only and isinstance(planned, int) and planned > int(summary.get("n_tries") or 0) + sum(
+            int(e.get("n") or 0) for e in (summary.get("full_board") or {}).values()):
+        incomplete = f"Incomplete: {summary.get('n_tries')} of {planned} planned tries"
+    out = {"ranked": False, "incomplete": incomplete, "latency_only": random_w, "track": track}
+    if random_w:
+        out.update(section="latency_only", text=f"never ranked: {LATENCY_ONLY}")
+    elif full_only:
+        out.update(section="full_board", text="full-board task only (not in the score)")
+    elif incomplete:
+        out.update(section="incomplete", text=incomplete + "; not ranked")
+    elif track == "frozen" and split == "test":
+        out.update(ranked=True, section="ranked", text="ranked (frozen track)")
+    elif track == "frozen":
+        out.update(section="comparison", text=f"not ranked: {split} split (the leaderboard ranks the test split)")
+    else:
+        why = {"reference": "reference track", "sanity": "sanity track", "adapted": "adapted track"}.get(
+            str(track), f"track {track}")
+        out.update(section="comparison", text=f"not ranked: {why}, shown for comparison")
+    return out
+
+
+def leaderboard(runs: Sequence[Run]) -> dict[str, list[tuple[int | None, Run]]]:
+    """Runs by leaderboard section, best S first; ranked runs get competition ranks (equal S, equal rank)."""
+    def key(r: Run):
+        s = r.summary.get("S")
+        return (s is None, -(s or 0.0), r.label)
+
+    out: dict[str, list[tuple[int | None, Run]]] = {s: [] for s in ("ranked", "comparison", "incomplete",
+                                                                    "latency_only", "full_board")}
+    for r in sorted(runs, key=key):
+        out[r.status["section"]].append((None, r))
+    ranked = out["ranked"]
+    for i, (_, r) in enumerate(ranked):
+        prev = ranked[i - 1] if i else None
+        rank = prev[0] if prev and prev[1].summary.get("S") == r.summary.get("S") else i + 1
+        ranked[i] = (rank, r)
+    return out
+
+
+# --------------------------------------------------------------------------
+# The published numbers (spec section 8), from eval/site/published.json
+# --------------------------------------------------------------------------
+def load_published(path: str | Path = PUBLISHED_FILE) -> dict:
+    """The published numbers, each entry with per-setup Wilson ranges and, where per-setup numbers are
+    published, group / difficulty / M values derived with the benchmark's own statistics."""
+    path = Path(path)
+    pub = _read_json(path)
+    if not isinstance(pub, dict) or not isinstance(pub.get("entries"), list):
+        raise SiteError(f"{path}: no 'entries' list")
+    for e in pub["entries"]:
+        setups = e.get("setups")
+        if not setups:
+            continue
+        for sid, c in setups.items():
+            iv = wilson(int(c["k"]), int(c["n"]))
+            c["rate"] = c["k"] / c["n"]
+            c["ci"] = [iv.low, iv.high]
+        outcomes = {sid: [True] * int(c["k"]) + [False] * (int(c["n"]) - int(c["k"])) for sid, c in setups.items()}
+        sd = score_to_dict(score(outcomes, group_of(), difficulty_of(), n_boot=2000, seed=0))
+        e["derived"] = {"groups": sd["groups"], "difficulty": sd["difficulty"], "S": sd["S"], "S_ci": sd["S_ci"],
+                        "M": sd["M"], "M_ci": sd["M_ci"]}
+        for sid, c in (e.get("full_board") or {}).items():
+            iv = wilson(int(c["k"]), int(c["n"]))
+            c["rate"] = c["k"] / c["n"]
+            c["ci"] = [iv.low, iv.high]
+    return pub
+
+
+def published_for(run: Run, pub: Mapping) -> dict | None:
+    """The published entry of a run's model and arm (None when the spec publishes none)."""
+    model, arm = run.summary.get("model"), run.summary.get("arm") or "panda"
+    opts = (run.run_json or {}).get("options") or {}
+    if isinstance(opts, Mapping) and opts.get("checkpoint"):
+        return None  # other weights than the model's own (e.g. an experiment): the published numbers are not its
+    for e in pub.get("entries", ()):
+        if model in e.get("model", ()) and arm == e.get("arm", "panda"):
+            return e
+    return None
+
+
+# --------------------------------------------------------------------------
+# Helpers for the page
+# --------------------------------------------------------------------------
+def device_name(summary: Mapping) -> str:
+    """The machine that ran the policy, in a few words (eval.orin's device, else the records' machine)."""
+    dev = summary.get("device")
+    if isinstance(dev, Mapping) and dev.get("name"):
+        return str(dev["name"])
+    m = summary.get("machine")
+    if isinstance(m, Mapping):
+        cpu = m.get("device") or m.get("gpu") or m.get("cpu")
+        cores = m.get("cores")
+        if cpu:
+            return f"{cpu}" + (f", {cores} cores" if cores else "")
+    if isinstance(m, list):
+        return "several machines"
+    return str(m) if m else "machine not recorded"
+
+
+def quantile_points(values: Sequence[float], n: int = 120) -> list[tuple[float, float]]:
+    """(value, cumulative fraction) points of a sorted sample's empirical CDF, at most ~n of them."""
+    if not values:
+        return []
+    m = len(values)
+    idx = sorted({min(m - 1, int(round(i * (m - 1) / (n - 1)))) for i in range(n)} if m > n else set(range(m)))
+    return [(float(values[i]), (i + 1) / m) for i in idx]
+
+
+def command_line(run: Run) -> str:
+    """The command that makes this run folder, rebuilt from run.json and the summary (runs do not record
+    their argv)."""
+    s, rj = run.summary, run.run_json or {}
+    orin = "device" in s or "telemetry" in s
+    parts = ["python", "-m", "eval.orin" if orin else "eval.run", "--model", str(rj.get("model") or s.get("model"))]
+    arm = rj.get("arm") or s.get("arm")
+    if arm and arm != "panda":
+        parts += ["--arm", str(arm)]
+    parts += ["--split", str(rj.get("split") or s.get("split"))]
+    ran = [sid for sid, e in (s.get("setups") or {}).items() if e.get("n")]
+    fb = list((s.get("full_board") or {}).keys())
+    if len(ran) == len(SCORED_IDS) and not fb:
+        sel = "all"
+    elif not ran and fb and len(fb) == 3:
+        sel = "FB"
+    else:
+        sel = ",".join(ran + fb)
+    n = max([e.get("n") or 0 for e in (s.get("setups") or {}).values()] +
+            [e.get("n") or 0 for e in (s.get("full_board") or {}).values()] + [0])
+    parts += ["--setups", sel, "--tries", str(n)]
+    opts = rj.get("options") or {}
+    for k, v in sorted(opts.items()) if isinstance(opts, Mapping) else ():
+        flag = "--" + str(k).replace("_", "-")
+        if v is True:
+            parts.append(flag)
+        elif v not in (None, False):
+            parts += [flag, str(v)]
+    meta = s.get("run") if isinstance(s.get("run"), Mapping) else {}
+    if meta.get("workers") and int(meta["workers"]) > 1:
+        parts += ["--workers", str(meta["workers"])]
+    if meta.get("num_envs") and int(meta["num_envs"]) > 1:
+        parts += ["--num-envs", str(meta["num_envs"])]
+    elif s.get("batch") and s["batch"].get("num_envs"):
+        parts += ["--num-envs", str(max(s["batch"]["num_envs"]))]
+    if meta.get("executor") and meta["executor"] != "local":
+        parts += ["--executor", str(meta["executor"])]
+    parts += ["--out", str(run.folder)]
+    return " ".join(parts)
+
+
+def finite(x: Any) -> float | None:
+    if x is None:
+        return None
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+__all__ = ["Run", "SiteError", "LATENCY_ONLY", "PUBLISHED_FILE", "load_run", "load_runs", "find_runs",
+           "run_status", "leaderboard", "is_random_weights", "tries_per_setup", "load_published",
+           "published_for", "device_name", "quantile_points", "command_line", "GROUPS", "DIFFICULTIES"]
