@@ -427,3 +427,41 @@ def test_tokenizer_matches_the_reference_tokenizer(tmp_path, monkeypatch):
         ids, mask = ours(text)
         np.testing.assert_array_equal(ids, r["input_ids"][0])
         np.testing.assert_array_equal(mask, r["attention_mask"][0])
+
+
+# The first draws of upstream Octo's DiffusionActionHead.predict_action for PRNGKey(42), octo-small shapes
+# (batch 1, window 2, horizon 4 x dim 7): split once, normal for the initial noise (last window step kept),
+# then one split and one normal per denoising step. Upstream pins jax 0.4.20, whose threefry is not
+# partitionable; these values are jax.random's under that setting (a parity check against the unmodified
+# upstream code, issue 23, found the draws equal to 6e-8 with it and up to 3.9 apart without it).
+UPSTREAM_INIT_KEY42 = [-0.9379125833511353, 0.6391549110412598, -0.6583999991416931, 0.5939658284187317,
+                       -0.33222490549087524, 0.3089855909347534]
+UPSTREAM_STEP0_KEY42 = [0.05929756537079811, -0.18987873196601868, -0.4437580406665802, 0.23347151279449463]
+UPSTREAM_STEP19_KEY42 = [0.0520332008600235, -0.13197314739227295, 0.0993528813123703, 0.05077562853693962]
+
+
+@pytest.mark.parametrize("partitionable", [True, False])
+def test_equal_seeds_give_upstreams_draws_whatever_the_global_prng_setting(partitionable):
+    import jax
+
+    from engines.octo.config import PRESETS
+    from engines.octo.model import noise_from_rng
+
+    cfg = PRESETS["octo-small"]()
+    with jax.threefry_partitionable(partitionable):  # the process's setting must not matter
+        init, steps = jax.jit(lambda k: noise_from_rng(cfg, k, 1))(jax.random.PRNGKey(42))
+    np.testing.assert_allclose(np.asarray(init)[0, :6], UPSTREAM_INIT_KEY42, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(steps)[0, 0, :4], UPSTREAM_STEP0_KEY42, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(steps)[-1, 0, :4], UPSTREAM_STEP19_KEY42, rtol=0, atol=1e-6)
+
+
+def test_the_policy_splits_a_tries_key_as_upstream():
+    import jax
+
+    from engines.octo.model import split_key
+
+    with jax.threefry_partitionable(False):
+        want = jax.random.split(jax.random.PRNGKey(7))
+    got = split_key(jax.random.PRNGKey(7))
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))

@@ -262,9 +262,13 @@ def test_backend_choice_is_checked_in_one_line():
 
 
 def test_ort_backend_gives_the_jax_actions_closed_loop(tmp_path_factory, monkeypatch):
-    """The same tries (seeds, observations) through ONNX Runtime and through JAX: the same chunks to float
-    rounding, the same actions. The export is shared with test_octo_export through the session's cache."""
+    """The same tries (seeds, observations) through ONNX Runtime and through JAX: the same readout to float
+    rounding at every query, chunks within the sampler's amplification of it, the same actions. The export is
+    shared with test_octo_export through the session's cache."""
     pytest.importorskip("jax2onnx")
+    import jax
+
+    from engines.octo.model import make_backbone
     from engines.octo.testing import tiny_engine
 
     monkeypatch.setenv("SAB_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "sab-cache"))
@@ -272,7 +276,11 @@ def test_ort_backend_gives_the_jax_actions_closed_loop(tmp_path_factory, monkeyp
     jax_pol = octo_policy(engine=engine, backend="jax")
     ort_pol = octo_policy(engine=engine, backend="ort")
     assert ort_pol.backend == "ort" and jax_pol.backend == "jax" and ort_pol.note == RANDOM_WEIGHTS_NOTE
-    worst = 0.0
+    feeds = []  # what each JAX query was given: the readouts of both backends are compared on it
+    infer = jax_pol.runner.infer
+    jax_pol.runner.infer = lambda f: (feeds.append(f), infer(f))[1]
+    backbone = jax.jit(make_backbone(engine.cfg))
+    worst_chunk = worst_readout = 0.0
     for seed in (0, 7):
         jax_pol.reset(INSTRUCTION, seed=seed)
         ort_pol.reset(INSTRUCTION, seed=seed)
@@ -281,8 +289,17 @@ def test_ort_backend_gives_the_jax_actions_closed_loop(tmp_path_factory, monkeyp
             a_jax, a_ort = jax_pol.query(obs), ort_pol.query(obs)
             if step % 4 == 0:  # a step that ran the model
                 ref = jax_pol.last_chunk
-                worst = max(worst, float(np.max(np.abs(ort_pol.last_chunk - ref)) / np.max(np.abs(ref))))
+                worst_chunk = max(worst_chunk, float(np.max(np.abs(ort_pol.last_chunk - ref)) / np.max(np.abs(ref))))
+                f = feeds[-1]
+                images = [f[f"image_{c.name}"] for c in engine.cfg.cameras]
+                r_jax = np.asarray(backbone(engine.params, images, f["lang"], f["masks"], np.ones(1, np.float32)))
+                r_ort = ort_pol.runner.readout(images, f["masks"], f["lang"])
+                worst_readout = max(worst_readout, float(np.max(np.abs(r_ort - r_jax)) / np.max(np.abs(r_jax))))
             np.testing.assert_allclose(a_ort, a_jax, atol=1e-4)
-    assert worst <= 1e-4
+    # the bound per stage: the graphs agree with JAX to fp32 rounding (measured 8.5e-6); the denoising steps
+    # amplify a readout difference (measured 34x here, up to ~1000x on octo-small's ill-conditioned cases,
+    # issue 23), so the chunks get the readout's bound times that amplification
+    assert worst_readout <= 1e-4
+    assert worst_chunk <= 1e-3
     assert ort_pol.model_queries == jax_pol.model_queries == 6
-    assert len(ort_pol.runner.backbone.latencies_ms) == 7  # 6 queries and the warm-up
+    assert len(ort_pol.runner.backbone.latencies_ms) == 13  # 6 queries, the warm-up and the 6 readouts above

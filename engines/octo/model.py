@@ -403,22 +403,41 @@ def make_sampler(cfg: OctoConfig) -> Callable:
     return sample
 
 
+def upstream_prng():
+    """The PRNG setting of upstream Octo: a context under which every key split and draw of Octo runs.
+
+    Upstream pins jax 0.4.20, whose threefry was not partitionable; JAX has defaulted to partitionable
+    threefry since 0.5, which draws other numbers from the same key (by up to 3.9 in a standard normal) and
+    splits keys differently. Under this context the same key gives upstream's draws, also inside ``jit``
+    (the setting is read while tracing)."""
+    return jax.threefry_partitionable(False)
+
+
+def split_key(rng):
+    """``jax.random.split(rng)`` as upstream splits it (see :func:`upstream_prng`): (rng, key)."""
+    with upstream_prng():
+        rng, key = jax.random.split(rng)
+    return rng, key
+
+
 def noise_from_rng(cfg: OctoConfig, rng, batch: int):
     """(init_noise, step_noise) drawn as upstream ``DiffusionActionHead.predict_action`` draws them.
 
     Upstream draws noise for every window step (B, W, horizon*dim) and keeps the
-    last step's actions; the draws here have the same shapes and key splits and
-    keep the last window step, so equal keys give equal noise on equal PRNG settings.
+    last step's actions; the draws here have the same shapes, key splits, draw
+    order and PRNG setting (:func:`upstream_prng`) and keep the last window step,
+    so equal keys give upstream's noise.
     """
     shape = (batch, cfg.window, cfg.flat_action_dim)
-    rng, key = jax.random.split(rng)
-    init = jax.random.normal(key, shape)[:, -1]
+    with upstream_prng():
+        rng, key = jax.random.split(rng)
+        init = jax.random.normal(key, shape)[:, -1]
 
-    def body(r, _):
-        r, k = jax.random.split(r)
-        return r, jax.random.normal(k, shape)[:, -1]
+        def body(r, _):
+            r, k = jax.random.split(r)
+            return r, jax.random.normal(k, shape)[:, -1]
 
-    _, steps = jax.lax.scan(body, rng, None, length=cfg.diffusion_steps)
+        _, steps = jax.lax.scan(body, rng, None, length=cfg.diffusion_steps)
     return init, steps
 
 

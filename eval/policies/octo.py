@@ -311,10 +311,10 @@ class OctoPolicy(Policy):
         self._num_obs += 1
         if self._queue and not self.temporal_ensembling:
             return None
-        import jax
+        from engines.octo.model import split_key
 
         images, masks = self.model_inputs()
-        self._rng, key = jax.random.split(self._rng)
+        self._rng, key = split_key(self._rng)  # as upstream's evaluation splits a try's key per query
         init, steps = self.engine.draw_noise(key)  # the draws predict(rng=key) makes
         feeds = {f"image_{c.name}": img for c, img in zip(self.cfg.cameras, images)}
         # batch first, as every feed: (1, diffusion_steps, flat)
