@@ -72,8 +72,8 @@ def gpu_sim_unavailable_reason() -> str | None:
     return f"{reason} (SAPIEN's GPU PhysX needs an NVIDIA GPU)" if reason else None
 
 
-def check_batch_request(num_envs: int, sim: str, observes: str) -> None:
-    """One-line BatchError for a --num-envs request this machine or model cannot run."""
+def check_batch_request(num_envs: int, sim: str, observes: str, setups: Sequence[Setup] = ()) -> None:
+    """One-line BatchError for a --num-envs request this machine, model or these setups cannot run."""
     if num_envs < 1:
         raise BatchError(f"--num-envs must be at least 1, got {num_envs}")
     if sim not in SIMS:
@@ -85,6 +85,11 @@ def check_batch_request(num_envs: int, sim: str, observes: str) -> None:
         if reason:
             raise BatchError(f"--num-envs {num_envs} --sim gpu needs GPU simulation: {reason}; "
                              "use --sim cpu to run the batched loop on CPU scenes")
+        # the rendered sub-scenes of one GPU simulation share their materials (env/task.py)
+        per_try = [s.id for s in setups if s.random_colors or s.color_swap]
+        if observes == "cameras" and per_try:
+            raise BatchError(f"setups {', '.join(per_try)} draw colours per try, which the rendered GPU scenes of "
+                             "one batch share: run them with --sim cpu, or --num-envs 1")
 
 
 def _numpy(x) -> np.ndarray:

@@ -68,6 +68,14 @@ def build_parser(prog: str = "python -m eval.run", description: str | None = Non
         f"{family}: {', '.join(b)}, default {b[0]}" for family, b in MODEL_BACKENDS.items()) + ")")
     m.add_argument("--replay-latency", metavar="FILE", help="delay every action by a latency drawn from a measured "
                    "profile (a tries.jsonl with infer_ms): what a device's latency does to success")
+    r = p.add_argument_group("remote model (--model remote; see eval.remote)")
+    r.add_argument("--server", metavar="URL", help="the model server, ws://HOST:PORT")
+    r.add_argument("--protocol", help="openpi or vla-eval (default openpi)")
+    r.add_argument("--profile", help="how observations and actions map to the model: octo-small, octo-base, "
+                   "bc-state (servers of this project: python -m eval.serve), openvla-7b, openvla-oft, pi0-libero")
+    r.add_argument("--token", help="the token the server was started with")
+    r.add_argument("--live-latency", action="store_true", help="apply each action at the first control step after "
+                   "its own measured round trip (the arm holds until then), as --replay-latency does with a profile")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--fresh", action="store_true", help="discard what OUT holds and start over")
     return p
@@ -117,10 +125,10 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             raise ValueError(f"--gpus-per-actor must be 0 or more, got {args.gpus_per_actor:g}")
         from eval.rollout import check_batch_request, gpu_sim_unavailable_reason
 
-        if args.sim is None:  # camera policies: CPU scenes (GPU scenes with frames on the device: not yet)
+        if args.sim is None:  # camera policies: CPU scenes unless asked (the GPU camera path has not met a GPU)
             args.sim = ("gpu" if args.num_envs > 1 and spec.observes == "state" and gpu_sim_unavailable_reason() is None
                         else "cpu")
-        check_batch_request(args.num_envs, args.sim, spec.observes)
+        check_batch_request(args.num_envs, args.sim, spec.observes, setups)
         if args.num_envs > 1 and args.video:
             raise ValueError("--video records one scene per worker: use --num-envs 1")
         if args.executor == "ray":

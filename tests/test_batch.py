@@ -122,3 +122,17 @@ def test_gpu_scenes_run_a_batch():
     # GPU physics may differ from CPU (that is what the benchmark measures), but every try must run and the
     # reference must insert on the nominal setup at least once
     assert row["tries"] == 4 and row["batch_mean_steps"] > 0 and row["batch_success"] >= 1
+
+
+def test_gpu_camera_batches_refuse_setups_with_colours_per_try(monkeypatch):
+    """The rendered sub-scenes of one GPU simulation share their materials: a camera batch of a setup that
+    draws colours per try is refused in one line before anything is built (state batches have no renderer)."""
+    import eval.rollout as rollout_module
+    from env.setups import get_setup
+
+    monkeypatch.setattr(rollout_module, "gpu_sim_unavailable_reason", lambda: None)  # as on a GPU machine
+    with pytest.raises(BatchError, match="setups D03, D04 draw colours per try") as e:
+        check_batch_request(4, "gpu", "cameras", [get_setup(s) for s in ("A01", "D03", "D04")])
+    assert "\n" not in str(e.value) and "--sim cpu" in str(e.value)
+    check_batch_request(4, "gpu", "cameras", [get_setup("A01"), get_setup("D02")])
+    check_batch_request(4, "gpu", "state", [get_setup("D03")])
