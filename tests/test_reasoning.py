@@ -4,6 +4,7 @@ parsing, planning and generation scoring, deterministic build, CLI errors."""
 from __future__ import annotations
 
 import itertools
+import math
 import json
 import subprocess
 import sys
@@ -164,10 +165,28 @@ def test_plan_scoring_accepts_other_legal_orders_and_rejects_violations():
     ("A block in image C is inserted; I choose C.", "C"), ("I think it's B", "B"),
     ("Answer: B, because A is lower", "B"), ("A or B", None), ("no idea", None), ("", None),
     ("The correct option is (C).", "C"), ("answer: 45 degrees", "B"),
+    # an explicit final-answer marker wins over later mentions (issue 21)
+    ("Answer: C\nOption A is wrong", "C"),
+    ("Final answer: C. In order to be sure I compared A and C.", "C"),
+    ("Answer: B. To answer this, I looked at A and D.", "B"), ("**Final answer:**\n\n(C)", "C"),
+    ("Option A is tempting, but the answer is D.", "D"), ("The answer is B.\nThis answer is right because A is higher.", "B"),
+    ("Answer: A\n...\nFinal answer: D", "D"),
 ])
 def test_parse_choice(text, expected):
     opts = {"A": "15 degrees", "B": "45 degrees", "C": "60 degrees", "D": "75 degrees"}
     assert PA.parse_choice(text, list("ABCD"), opts) == expected
+
+
+def test_parse_yes_no_final_marker_wins():
+    assert PA.parse_yes_no("Final answer: no. Yes, at first they seem to touch.") == "no"
+    assert PA.parse_yes_no("Answer: yes\nOption no would mean a gap.") == "yes"
+
+
+def test_extraction_prompt_names_the_format():
+    item = {"answer_format": "plan", "labels": list("ABCD"), "k": 2, "prompt": "Q?"}
+    p = PA.extraction_prompt(item, "some reply")
+    assert "exactly 2 letters of A, B, C, D" in p and "some reply" in p and "Q?" in p
+    assert "yes or no" in PA.extraction_prompt({"answer_format": "yesno", "prompt": "Q?"}, "r")
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -185,6 +204,11 @@ def test_parse_yes_no(text, expected):
     ("First the yellow block goes (image C), then image A.\nOrder: C, A, D, B", 4, ["C", "A", "D", "B"]),
     ("Answer: b, d", 2, ["B", "D"]), ("B, D", 3, None), ("nothing useful", 2, None),
     ("Answer: B, D, A. C is wrong.", 3, ["B", "D", "A"]), ("A valid plan is B then D", 2, ["B", "D"]),
+    # order from the answer line only (issue 21)
+    ("Answer: B, D\nThe order matters: D needs B first.", 2, ["B", "D"]),
+    ("Final answer: C, A, D, B\nSequence: A before D, as B needs D.", 4, ["C", "A", "D", "B"]),
+    ("Answer:\n1. B 2. D 3. A", 3, ["B", "D", "A"]),
+    ("Answer: B\nthen D", 2, None),
 ])
 def test_parse_sequence(text, k, expected):
     assert PA.parse_sequence(text, list("ABCDEFGH"), k) == expected
@@ -228,6 +252,39 @@ def test_oracle_and_random_runs(items):
     assert all(r["latency_ms"] >= 0 for r in recs)
 
 
+def test_family_wise_above_chance_matches_the_readme_claim():
+    """Random Lite ordering at 3/20 (chance 1/24) reaches the paper's per-row critical count (3) but not the
+    family-wise one: the report's own test says 'not above chance', as the README does."""
+    recs = []
+    for t in Q.TYPES:
+        for i in range(20):
+            hit = (t == "ordering" and i < 3) or (t != "ordering" and i < round(20 * Q.CHANCE[t]))
+            recs.append({"id": f"{t}-{i}", "type": t, "set": "elementary", "lite": True, "raw": "x", "parsed": "x",
+                         "parsed_ok": True, "parsed_by": "rules", "error": None, "latency_ms": 0.1, "correct": hit})
+    s = summarize(recs, "random", {})
+    row = s["elementary_lite"]["ordering"]
+    assert row["critical_count"] == 3 and row["above_chance"]
+    assert row["critical_count_family"] == 5 and not row["above_chance_family"]
+    chk = s["chance_check"]["tables"]["elementary_lite"]
+    assert chk["none_above_family"] and chk["above_per_row"] == ["ordering"]
+    assert 0.2 < chk["p_some_row_above_at_chance"] < 0.5
+    from eval.reasoning.report import _p_some_row_above
+
+    assert _p_some_row_above([{"critical_count": 59, "n": 100, "chance": 0.5}]) == pytest.approx(0.0443, abs=1e-3)
+
+
+def test_report_files_and_picture(items, tmp_path):
+    from eval.reasoning.report import write_report
+
+    recs = run_items(items, A.Oracle(), None, progress=False)
+    s = write_report(recs, "oracle", {"sha256": "x"}, tmp_path, answerer_info={"name": "oracle"})
+    for f in ("REPORT.md", "summary.json", "records.jsonl", "planning_curve.png", "accuracy_by_type.png"):
+        assert (tmp_path / f).stat().st_size > 0, f
+    md = (tmp_path / "REPORT.md").read_text()
+    assert "above chance (family-wise)" in md and "accuracy_by_type.png" in md
+    assert s["answerer_info"] == {"name": "oracle"} and s["queries"]["refused"] == 0
+
+
 # ----------------------------------------------------------------- rendering, build, generation
 @pytest.fixture(scope="module")
 def renderer():
@@ -266,7 +323,7 @@ def test_generation_scorer(renderer):
         imgs = [renderer.render(P.state_of(dom, order[:i]), cam) for i in range(1, 4)]
         res = scorer.score(item, imgs)
         assert res["accepted"], res["reason"]
-        noisy = [np.clip(im.astype(int) + np.random.default_rng(0).integers(-3, 4, im.shape), 0, 255).astype(np.uint8)
+        noisy = [np.clip(im.astype(int) + np.random.default_rng(0).integers(-2, 3, im.shape), 0, 255).astype(np.uint8)
                  for im in imgs]
         assert scorer.score(item, noisy)["accepted"]
     ref = item["meta"]["reference_order"]
@@ -296,3 +353,48 @@ def test_cli_errors_are_one_line(tmp_path):
     assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "questions.jsonl" in r.stderr
     r = _cli("run", "--answerer", "http", "--data", str(tmp_path), "--out", str(tmp_path / "o"))
     assert r.returncode != 0 and "endpoint" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_committed_reports_match_the_readme_claims():
+    """results/reasoning: the oracle is at 100% everywhere; the random answerer is at chance by the report's own
+    family-wise tests on both elementary tables (the README's claim), though Lite ordering reaches the per-row
+    critical count."""
+    root = REPO_ROOT / "results" / "reasoning"
+    orc = json.loads((root / "oracle" / "summary.json").read_text())
+    assert all(r["accuracy"] == 1.0 for t in ("elementary", "elementary_lite") for r in orc[t].values())
+    assert all(r["exact"]["rate"] == 1.0 and r["set"]["rate"] == 1.0 for r in orc["planning"].values())
+    rnd = json.loads((root / "random" / "summary.json").read_text())
+    for table in ("elementary", "elementary_lite"):
+        chk = rnd["chance_check"]["tables"][table]
+        assert chk["none_above_family"] and chk["all_covered"], table
+    assert rnd["chance_check"]["tables"]["elementary_lite"]["above_per_row"] == ["ordering"]
+    assert orc["set_sha256"] == rnd["set_sha256"] == json.loads((root / "manifest.json").read_text())["sha256"]
+
+
+def test_gap_in_image_px_sees_occlusion(renderer):
+    """The silhouette test for adjacency 'no' items (issue 21, not yet used by the generator): a gap across the
+    image shows as pixels, the same gap along the line of sight as none; the silhouette holds the rendered block."""
+    from env import geometry
+
+    it = Q.GENERATORS["adjacency"](np.random.default_rng([3, 1, 1]), 1)
+    cam = it["images"][0]["camera"]
+    st = it["images"][0]["state"]
+    a = dict(st["blocks"][0], shape="square", yaw=0.0, x=-0.2, y=0.0, z=S.Z_TABLE)
+    eye, target = S.CAMERAS[cam]
+    sight = np.asarray(target, float)[:2] - np.asarray(eye, float)[:2]
+    along = math.atan2(sight[1], sight[0])
+    gaps = {}
+    for name, direction in (("across", along + math.pi / 2), ("along", along)):
+        b = dict(st["blocks"][1], shape="square", yaw=0.0, z=S.Z_TABLE)
+        b["x"], b["y"] = S.place_beside(a, "square", 0.0, direction, 0.02)
+        assert S.blocks_distance(a, b) == pytest.approx(0.02, abs=1e-6)
+        gaps[name] = Q.gap_in_image_px(a, b, cam)
+    assert gaps["across"] > 5 and gaps["along"] == 0.0
+    # the silhouette holds the block's rendered pixels (red block alone on the table, 1.5 px slack)
+    scene = {"board": st["board"], "blocks": [dict(a, color="red")]}
+    img = renderer.render(scene, cam).astype(int)
+    vs, us = np.nonzero((img[..., 0] > img[..., 1] + 60) & (img[..., 0] > img[..., 2] + 60))
+    assert len(us) > 50
+    n, d = geometry._halfplanes(Q.silhouette(a, cam))
+    pix = np.stack([us + 0.5, vs + 0.5], axis=1)
+    assert ((pix @ n.T) <= d + 1.5).all(axis=1).mean() > 0.99

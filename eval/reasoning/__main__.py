@@ -3,8 +3,11 @@
     python -m eval.reasoning build --out data/reasoning                 # full set (seed 0)
     python -m eval.reasoning run --answerer oracle --data data/reasoning --out results/reasoning/oracle
     python -m eval.reasoning run --answerer http --endpoint http://jetson:8000/v1 --model NAME \\
-        --data data/reasoning --out runs/reasoning/NAME [--lite]
+        --data data/reasoning --out runs/reasoning/NAME [--lite] [--max-images 1 --over-limit tile] \\
+        [--extract-with NAME]
     python -m eval.reasoning gallery --data data/reasoning --out results/reasoning/gallery
+    python -m eval.reasoning generate-build --out data/reasoning_gen                      # Plan-k-Step-Generation
+    python -m eval.reasoning generate-score --answers DIR --data data/reasoning_gen --out runs/reasoning_gen/NAME
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 
 def _ks(text: str) -> list[int]:
@@ -46,9 +50,16 @@ def cmd_run(args) -> int:
     from eval.reasoning.build import load
     from eval.reasoning.report import run_items, write_report
 
+    from eval.reasoning.report import RunStopped
+
+    if args.max_fail_share is not None and not 0 <= args.max_fail_share < 1:
+        raise ValueError(f"--max-fail-share must lie in [0, 1), got {args.max_fail_share}")
     answerer = make_answerer(args.answerer, seed=args.seed, endpoint=args.endpoint, model=args.model,
                              api_key=os.environ.get(args.api_key_env) if args.api_key_env else None,
-                             timeout_s=args.timeout)
+                             timeout_s=args.timeout, retries=args.retries, backoff_s=args.backoff,
+                             retry_budget_s=args.retry_budget, max_images=args.max_images, over_limit=args.over_limit)
+    if args.extract_with and args.answerer != "http":
+        raise ValueError("--extract-with applies to the http answerer only (it asks a model on the same endpoint)")
     items, manifest = load(args.data)
     if args.lite:
         items = [it for it in items if it["lite"]]
@@ -59,7 +70,17 @@ def cmd_run(args) -> int:
         items = items[: args.limit]
     if not items:
         raise ValueError("no questions selected")
-    records = run_items(items, answerer, args.data, progress=not args.quiet)
+    try:
+        records = run_items(items, answerer, args.data, progress=not args.quiet, max_fail_share=args.max_fail_share,
+                            extract_with=args.extract_with)
+    except RunStopped as e:  # keep what was answered, for the post-mortem
+        import json
+        from pathlib import Path
+
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out, "records.partial.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n"
+                                                                   for r in e.records))
+        raise RuntimeError(f"{e} (records so far in {args.out}/records.partial.jsonl)") from None
     sweep = None
     if args.sweep_seeds:
         if args.answerer != "random":
@@ -67,13 +88,23 @@ def cmd_run(args) -> int:
         from eval.reasoning.report import seed_sweep
 
         sweep = seed_sweep(items, args.data, manifest, range(args.seed, args.seed + args.sweep_seeds))
-    s = write_report(records, args.answerer, manifest, args.out, sweep)
+    info = answerer.describe() if hasattr(answerer, "describe") else {"name": args.answerer}
+    if args.answerer == "random":
+        info["seed"] = args.seed
+    if args.extract_with:
+        info["extract_with"] = args.extract_with
+    s = write_report(records, args.answerer, manifest, args.out, sweep, answerer_info=info)
     for t, r in s["elementary"].items():
         print(f"{t:16s} {100 * r['accuracy']:6.1f}%  CI [{100 * r['ci'][0]:.1f}, {100 * r['ci'][1]:.1f}]  "
               f"chance {100 * r['chance']:.1f}%  critical {100 * (r['critical_accuracy'] or 0):.1f}%")
     for k, r in s["planning"].items():
         print(f"plan {k:3s}  exact {100 * r['exact']['rate']:5.1f}%  set {100 * r['set']['rate']:5.1f}%  "
               f"overlap {100 * r['overlap']['mean']:5.1f}%")
+    q = s["queries"]
+    if q["refused"]:
+        print(f"refused {q['refused']} items with more than --max-images {args.max_images} images (counted wrong)")
+    if q["extraction"]["asked"]:
+        print(f"model-assisted extraction: {q['extraction']['parsed']} of {q['extraction']['asked']} parsed")
     print(f"unparseable {s['unparseable']}, errors {s['errors']}; report in {args.out}/REPORT.md")
     return 0
 
@@ -85,6 +116,46 @@ def cmd_gallery(args) -> int:
     items, _ = load(args.data)
     paths = write_gallery(items, args.data, args.out, tile=args.tile)
     print(f"wrote {len(paths)} example PNGs to {args.out}")
+    return 0
+
+
+def cmd_generate_build(args) -> int:
+    from eval.reasoning import genset as GS
+
+    ks = _ks(args.ks)
+    if not ks or any(not 1 <= k <= 7 for k in ks):
+        raise ValueError("--ks values must lie in 1..7")
+    if args.per_k < 1:
+        raise ValueError("--per-k must be at least 1")
+    m = GS.build(args.out, seed=args.seed, ks=ks, per_k=args.per_k, size=args.size, progress=not args.quiet)
+    cal = m["calibration"]
+    print(f"wrote {m['n_cases']} generation cases, {m['n_images']} images to {args.out} in {m['build_s']:.1f} s")
+    print(f"matching threshold RMS {cal['threshold_rms']:.4f} ({cal['threshold_over_255']:.1f}/255): smallest "
+          f"valid-invalid distance {cal['d_valid_invalid_min']:.4f}, valid-valid {cal['d_valid_valid_min']:.4f}")
+    print(f"sha256 {m['sha256']}")
+    print(f"sha256_states {m['sha256_states']}")
+    return 0
+
+
+def cmd_generate_answers(args) -> int:
+    from eval.reasoning import genset as GS
+
+    n = GS.write_answers(args.data, args.out, args.answerer, seed=args.seed)
+    print(f"wrote {args.answerer} answers for {n} cases to {args.out}")
+    return 0
+
+
+def cmd_generate_score(args) -> int:
+    from eval.reasoning import genset as GS
+
+    records, manifest = GS.score_answers(args.data, args.answers, progress=not args.quiet)
+    name = args.name or Path(args.answers).resolve().name
+    args.out = args.out or str(Path("runs/reasoning_gen") / name)
+    s = GS.write_report(records, manifest, name, args.out)
+    for k, r in s["per_k"].items():
+        print(f"plan-gen {k:3s}  {r['success']}/{r['n']}  ({100 * r['rate']:.1f}%)")
+    print(f"accepted {s['success']} of {s['n_cases']}; threshold RMS {s['calibration']['threshold_rms']:.4f}; "
+          f"report in {args.out}/REPORT.md")
     return 0
 
 
@@ -110,6 +181,18 @@ def main(argv=None) -> int:
     r.add_argument("--model", default="default", help="http: model name sent in the request")
     r.add_argument("--api-key-env", help="http: name of an environment variable holding the API key")
     r.add_argument("--timeout", type=float, default=120.0, help="http: seconds per request")
+    r.add_argument("--retries", type=int, default=4, help="http: retries of a query after 429, 5xx, a timeout or "
+                   "a dropped connection (exponential backoff)")
+    r.add_argument("--backoff", type=float, default=1.0, help="http: first wait before a retry, seconds (doubles)")
+    r.add_argument("--retry-budget", type=float, default=300.0, help="http: most seconds of waits per query")
+    r.add_argument("--max-images", type=int, help="http: most images the server takes per request (vLLM's "
+                   "default is 1); an item with more is refused or tiled, see --over-limit")
+    r.add_argument("--over-limit", default="refuse", help="http: refuse (skip the item, counted wrong) or tile "
+                   "(pack its images into --max-images labelled grids)")
+    r.add_argument("--max-fail-share", type=float, default=0.1, help="stop once at least 3 queries failed and "
+                   "they are more than this share of those asked")
+    r.add_argument("--extract-with", metavar="MODEL", help="http: ask MODEL on the same endpoint for the final "
+                   "answer of replies the rules cannot parse (reported separately)")
     r.add_argument("--sweep-seeds", type=int, default=0,
                    help="random: also run this many seeds and report how often each interval covers chance")
     r.add_argument("--lite", action="store_true", help="only the Lite subset")
@@ -120,13 +203,35 @@ def main(argv=None) -> int:
     g.add_argument("--data", required=True)
     g.add_argument("--out", required=True)
     g.add_argument("--tile", type=int, default=192, help="image tile size in the composites")
+    gb = sub.add_parser("generate-build", help="Plan-k-Step-Generation set: inputs, every valid step state, "
+                        "invalid states for calibration")
+    gb.add_argument("--out", required=True)
+    gb.add_argument("--seed", type=int, default=0)
+    gb.add_argument("--ks", default="2-5", help="k values, e.g. 2-5")
+    gb.add_argument("--per-k", type=int, default=20)
+    gb.add_argument("--size", type=int, default=256)
+    gb.add_argument("--quiet", action="store_true")
+    ga = sub.add_parser("generate-answers", help="answer folders from the references (oracle, or wrong at one turn)")
+    ga.add_argument("--answerer", required=True, help="oracle or wrong")
+    ga.add_argument("--data", required=True)
+    ga.add_argument("--out", required=True)
+    ga.add_argument("--seed", type=int, default=0)
+    gs = sub.add_parser("generate-score", help="score generated step images: DIR/<case id>/step1.png .. stepk.png")
+    gs.add_argument("--answers", required=True)
+    gs.add_argument("--data", default="data/reasoning_gen", help="the generation set (generate-build)")
+    gs.add_argument("--out", help="report folder (default: runs/reasoning_gen/<name>)")
+    gs.add_argument("--name", help="name in the report (default: the answers folder's name)")
+    gs.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     from eval.reasoning.answerers import AnswererError
     from eval.reasoning.build import DataError
+    from eval.reasoning.genset import GenError
 
+    cmds = {"build": cmd_build, "run": cmd_run, "gallery": cmd_gallery, "generate-build": cmd_generate_build,
+            "generate-answers": cmd_generate_answers, "generate-score": cmd_generate_score}
     try:
-        return {"build": cmd_build, "run": cmd_run, "gallery": cmd_gallery}[args.cmd](args)
-    except (AnswererError, DataError, ValueError, RuntimeError, OSError) as e:
+        return cmds[args.cmd](args)
+    except (AnswererError, DataError, GenError, ValueError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

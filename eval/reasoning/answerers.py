@@ -4,16 +4,23 @@
   reads the stored answer), so a 100% score checks the generators and the scorer.
 * ``random``: a uniformly random well-formed answer (chance level).
 * ``http``: a multimodal model behind an OpenAI-compatible ``/v1/chat/completions``
-  endpoint; images are sent inline as base64 PNG data URLs, one labelled text part before each.
+  endpoint; images are sent inline as base64 PNG data URLs, one labelled text part before each;
+  bounded retries, the server's error text, an image limit per request, and per-query
+  ``last_info`` (server model, finish_reason, token counts, attempts) for the records.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import http.client
+import io
 import json
 import math
+import socket
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -158,43 +165,220 @@ class RandomAnswerer:
 SYSTEM_PROMPT = ("You answer questions about rendered images of a robot workspace: a table, a board with shaped "
                  "holes and coloured blocks (circle, square, triangle) with a knob on top. Think briefly, then end "
                  "with a line 'Answer: ...' in the requested format.")
+EXTRACT_SYSTEM_PROMPT = "You read another model's reply and copy out the final answer it gives. You never solve the question."
+OVER_LIMIT = ("refuse", "tile")
+
+
+class QueryError(RuntimeError):
+    """One query failed for good (after any retries). ``info``: status, attempts, server text, ..."""
+
+    def __init__(self, message: str, info: dict | None = None):
+        super().__init__(message)
+        self.info = info or {}
+
+
+class Refused(QueryError):
+    """The item was not sent: it has more images than ``--max-images`` (``--over-limit refuse``)."""
+
+
+def _server_text(body: bytes, limit: int = 400) -> str:
+    """The server's error message on one line: JSON ``error.message`` / ``message`` / ``detail``, else the body."""
+    text = body.decode("utf-8", "replace")
+    try:
+        obj = json.loads(text)
+        if isinstance(obj, dict):
+            err = obj.get("error", obj)
+            if isinstance(err, dict):
+                text = str(err.get("message") or err.get("detail") or obj.get("detail") or text)
+            else:
+                text = str(err)
+    except ValueError:
+        pass
+    text = " ".join(text.split())
+    return text[:limit] + ("..." if len(text) > limit else "")
+
+
+def _public_url(url: str) -> str:
+    """The endpoint without any user:password part, for records and reports."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host += f":{parts.port}"
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def tile_images(images: list[bytes], labels: list[str], groups: int, tile: int = 256) -> list[tuple[bytes, list[str]]]:
+    """Pack ``images`` (PNG bytes) into at most ``groups`` labelled grid images, consecutive images together,
+    for a server that takes fewer images per request than an item has."""
+    from PIL import Image, ImageDraw
+
+    n = len(images)
+    per = math.ceil(n / groups)
+    out = []
+    for g0 in range(0, n, per):
+        chunk = list(zip(images[g0:g0 + per], labels[g0:g0 + per]))
+        cols = math.ceil(math.sqrt(len(chunk)))
+        rows = math.ceil(len(chunk) / cols)
+        head, pad = 16, 6
+        canvas = Image.new("RGB", (cols * (tile + pad) + pad, rows * (tile + head + pad) + pad), (255, 255, 255))
+        draw = ImageDraw.Draw(canvas)
+        for i, (data, lab) in enumerate(chunk):
+            x = pad + (i % cols) * (tile + pad)
+            y = pad + (i // cols) * (tile + head + pad)
+            draw.text((x, y + 2), lab, fill=(0, 0, 0))
+            img = Image.open(io.BytesIO(data)).convert("RGB")
+            if img.size != (tile, tile):
+                img = img.resize((tile, tile), Image.BILINEAR)
+            canvas.paste(img, (x, y + head))
+        buf = io.BytesIO()
+        canvas.save(buf, format="PNG")
+        out.append((buf.getvalue(), [lab for _, lab in chunk]))
+    return out
 
 
 class HttpAnswerer:
-    """POST {endpoint}/chat/completions with the OpenAI message format (text + image_url parts)."""
+    """POST {endpoint}/chat/completions with the OpenAI message format (text + image_url parts).
+
+    Failures: HTTP 429 and 5xx, timeouts and dropped connections are retried up to ``retries`` times with
+    exponential backoff (``backoff_s`` doubling, at most ``backoff_max_s`` a wait, a server's Retry-After
+    honoured within that cap) while the waits stay within ``retry_budget_s`` per query; other errors (a 400,
+    a refused connection) fail at once. A failure raises :class:`QueryError` whose message carries the
+    server's own error text. ``max_images``: an item with more images is refused (:class:`Refused`, nothing
+    sent) or, with ``over_limit='tile'``, its images are packed into that many labelled grids.
+    After each query ``last_info`` holds the model the server names, ``finish_reason``, token counts and
+    the number of attempts.
+    """
 
     name = "http"
 
     def __init__(self, endpoint: str, model: str = "default", api_key: str | None = None, timeout_s: float = 120.0,
-                 max_tokens: int = 512, temperature: float = 0.0):
+                 max_tokens: int = 512, temperature: float = 0.0, retries: int = 4, backoff_s: float = 1.0,
+                 backoff_max_s: float = 30.0, retry_budget_s: float = 300.0, max_images: int | None = None,
+                 over_limit: str = "refuse", sleep=time.sleep):
         if not endpoint or not endpoint.startswith(("http://", "https://")):
             raise AnswererError(f"--endpoint must be an http(s) URL ending in /v1, got {endpoint!r}")
+        if max_images is not None and max_images < 1:
+            raise AnswererError(f"--max-images must be at least 1, got {max_images}")
+        if over_limit not in OVER_LIMIT:
+            raise AnswererError(f"--over-limit must be one of {', '.join(OVER_LIMIT)}, got {over_limit!r}")
+        if retries < 0 or backoff_s < 0 or retry_budget_s < 0 or timeout_s <= 0:
+            raise AnswererError("--retries, --backoff and --retry-budget must be >= 0 and --timeout > 0")
         self.url = endpoint.rstrip("/") + "/chat/completions"
+        self.endpoint = _public_url(endpoint.rstrip("/"))
         self.model, self.api_key, self.timeout_s = model, api_key, timeout_s
         self.max_tokens, self.temperature = max_tokens, temperature
+        self.retries, self.backoff_s, self.backoff_max_s, self.retry_budget_s = retries, backoff_s, backoff_max_s, retry_budget_s
+        self.max_images, self.over_limit, self.sleep = max_images, over_limit, sleep
+        self.last_info: dict = {}
+
+    def describe(self) -> dict:
+        return {"name": self.name, "model": self.model, "endpoint": self.endpoint, "max_images": self.max_images,
+                "over_limit": self.over_limit, "retries": self.retries, "retry_budget_s": self.retry_budget_s,
+                "timeout_s": self.timeout_s, "max_tokens": self.max_tokens, "temperature": self.temperature}
 
     def messages(self, item, data_dir) -> list[dict]:
+        datas = [(Path(data_dir) / im["path"]).read_bytes() for im in item["images"]]
+        labels = [im["label"] for im in item["images"]]
         parts = [{"type": "text", "text": item["prompt"]}]
-        for im in item["images"]:
-            data = (Path(data_dir) / im["path"]).read_bytes()
-            parts.append({"type": "text", "text": f"{im['label']}:"})
-            parts.append({"type": "image_url",
-                          "image_url": {"url": "data:image/png;base64," + base64.b64encode(data).decode()}})
+        if self.max_images is not None and len(datas) > self.max_images:
+            if self.over_limit == "refuse":
+                raise Refused(f"refused: {len(datas)} images, more than --max-images {self.max_images}",
+                              {"refused": True, "attempts": 0})
+            for data, labs in tile_images(datas, labels, self.max_images):
+                parts.append({"type": "text", "text": f"{', '.join(labs)} (one grid, each labelled above its picture):"})
+                parts.append({"type": "image_url",
+                              "image_url": {"url": "data:image/png;base64," + base64.b64encode(data).decode()}})
+        else:
+            for data, lab in zip(datas, labels):
+                parts.append({"type": "text", "text": f"{lab}:"})
+                parts.append({"type": "image_url",
+                              "image_url": {"url": "data:image/png;base64," + base64.b64encode(data).decode()}})
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": parts}]
 
-    def answer(self, item, data_dir=None) -> str:
-        body = json.dumps({"model": self.model, "messages": self.messages(item, data_dir),
-                           "max_tokens": self.max_tokens, "temperature": self.temperature}).encode()
+    def _post(self, payload: dict) -> tuple[dict, dict]:
+        body = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-            out = json.loads(resp.read().decode())
-        content = out["choices"][0]["message"]["content"]
+        info = {"attempts": 0, "retry_wait_s": 0.0, "status": None}
+        while True:
+            info["attempts"] += 1
+            retry_after = None
+            req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                    info["status"] = resp.status
+                    raw = resp.read()
+                try:
+                    return json.loads(raw.decode()), info
+                except ValueError:
+                    raise QueryError(f"the server's reply is not JSON: {_server_text(raw, 120)!r}", info) from None
+            except urllib.error.HTTPError as e:
+                info["status"] = e.code
+                try:
+                    text = _server_text(e.read())
+                except Exception:  # noqa: BLE001 - the body of an error reply is best effort
+                    text = ""
+                err = f"HTTP {e.code} {e.reason}: {text}" if text else f"HTTP {e.code} {e.reason}"
+                retryable = e.code == 429 or e.code >= 500
+                try:
+                    retry_after = float(e.headers.get("Retry-After")) if e.headers.get("Retry-After") else None
+                except ValueError:
+                    retry_after = None
+            except (TimeoutError, socket.timeout):
+                err, retryable = f"timed out after {self.timeout_s:g} s", True
+            except (http.client.HTTPException, ConnectionResetError, ConnectionAbortedError, BrokenPipeError) as e:
+                err, retryable = f"connection dropped ({type(e).__name__}: {e})", True
+            except urllib.error.URLError as e:
+                reason = e.reason
+                if isinstance(reason, (TimeoutError, socket.timeout)):
+                    err, retryable = f"timed out after {self.timeout_s:g} s", True
+                elif isinstance(reason, (http.client.HTTPException, ConnectionResetError, ConnectionAbortedError,
+                                         BrokenPipeError)):
+                    err, retryable = f"connection dropped ({type(reason).__name__}: {reason})", True
+                else:  # refused, unknown host: nothing to wait for
+                    err, retryable = f"cannot reach {self.endpoint}: {reason}", False
+            info["error"] = err
+            wait = min(self.backoff_max_s, self.backoff_s * 2 ** (info["attempts"] - 1))
+            if retry_after is not None:
+                wait = min(self.backoff_max_s, max(wait, retry_after))
+            if not retryable:
+                raise QueryError(err, info)
+            if info["attempts"] > self.retries or info["retry_wait_s"] + wait > self.retry_budget_s:
+                raise QueryError(f"{err} (gave up after {info['attempts']} attempts, "
+                                 f"{info['retry_wait_s']:.1f} s of waits)", info)
+            self.sleep(wait)
+            info["retry_wait_s"] += wait
+
+    def _complete(self, messages, model=None, max_tokens=None) -> str:
+        payload = {"model": model or self.model, "messages": messages, "max_tokens": max_tokens or self.max_tokens,
+                   "temperature": self.temperature}
+        self.last_info = {}
+        out, info = self._post(payload)
+        try:
+            choice = out["choices"][0]
+            content = choice["message"].get("content")
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise QueryError(f"the server's reply has no choices[0].message: {json.dumps(out)[:200]}", info) from None
         if isinstance(content, list):  # some servers return content parts
             content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+        usage = out.get("usage") if isinstance(out.get("usage"), dict) else {}
+        info.update(server_model=out.get("model"), finish_reason=choice.get("finish_reason"),
+                    prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"))
+        info.pop("error", None)
+        self.last_info = info
         return content or ""
+
+    def answer(self, item, data_dir=None) -> str:
+        return self._complete(self.messages(item, data_dir))
+
+    def extract(self, item, reply: str, model: str) -> str:
+        """Model-assisted extraction: a text-only request to ``model`` on the same endpoint."""
+        from eval.reasoning.parsing import extraction_prompt
+
+        msgs = [{"role": "system", "content": EXTRACT_SYSTEM_PROMPT},
+                {"role": "user", "content": extraction_prompt(item, reply)}]
+        return self._complete(msgs, model=model, max_tokens=64)
 
 
 def make_answerer(name: str, **kw):
@@ -203,6 +387,8 @@ def make_answerer(name: str, **kw):
     if name == "random":
         return RandomAnswerer(seed=kw.get("seed", 0))
     if name == "http":
+        extra = {k: kw[k] for k in ("retries", "backoff_s", "retry_budget_s", "max_images", "over_limit")
+                 if kw.get(k) is not None}
         return HttpAnswerer(kw.get("endpoint") or "", model=kw.get("model") or "default", api_key=kw.get("api_key"),
-                            timeout_s=kw.get("timeout_s", 120.0))
+                            timeout_s=kw.get("timeout_s", 120.0), **extra)
     raise AnswererError(f"unknown answerer {name!r}; valid: {', '.join(ANSWERERS)}")

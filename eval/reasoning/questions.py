@@ -174,6 +174,45 @@ def q_adjacency(rng, index):
             "images": [_img("Image 1", "scene", st)], "meta": {"subjects": [a["id"], b["id"]], "distance_m": d}}
 
 
+def _hull2d(pts) -> np.ndarray:
+    """Convex hull of 2-D points, counter-clockwise (monotone chain, plain float arithmetic)."""
+    pts = sorted({(float(x), float(y)) for x, y in pts})
+    if len(pts) < 3:
+        return np.asarray(pts, float)
+
+    def cross(o, a, b):
+        return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+
+    lower, upper = [], []
+    for p in pts:
+        while len(lower) >= 2 and cross(lower[-2], lower[-1], p) <= 0:
+            lower.pop()
+        lower.append(p)
+    for p in reversed(pts):
+        while len(upper) >= 2 and cross(upper[-2], upper[-1], p) <= 0:
+            upper.pop()
+        upper.append(p)
+    return np.asarray(lower[:-1] + upper[:-1], float)
+
+
+def silhouette(block: dict, camera: str, size: int = S.IMAGE_SIZE) -> np.ndarray:
+    """Image outline (convex hull, pixels) of a block: its prism and the knob on top."""
+    fp = S.footprint(block)
+    z0, z1 = block["z"] - S.H / 2, block["z"] + S.H / 2
+    c, s_ = math.cos(block["yaw"]), math.sin(block["yaw"])
+    h = geometry.KNOB_SIDE / 2
+    knob = [(block["x"] + u * c - v * s_, block["y"] + u * s_ + v * c) for u in (-h, h) for v in (-h, h)]
+    pts = [(x, y, z) for x, y in fp for z in (z0, z1)]
+    pts += [(x, y, z) for x, y in knob for z in (z1, z1 + geometry.KNOB_HEIGHT)]
+    return _hull2d(S.project(camera, pts, size))
+
+
+def gap_in_image_px(a: dict, b: dict, camera: str, size: int = S.IMAGE_SIZE) -> float:
+    """Pixels between two blocks' silhouettes in a camera's image: 0 when one hides part of the other.
+    A 'no' adjacency answer is decidable from the picture only if this is a few pixels or more."""
+    return S.polygon_distance(silhouette(a, camera, size), silhouette(b, camera, size))
+
+
 # ----------------------------------------------------------------- 3 rotation
 def rotation_needed_deg(shape, block_yaw, hole_yaw) -> float:
     """Smallest counter-clockwise turn in [0, period) that makes the block fit its hole."""
