@@ -136,6 +136,7 @@ def test_scripted_reference_inserts_on_every_arm(name):
     from eval.policies.scripted import ScriptedPolicy
     from eval.rollout import Scenes, run_try
 
+    _assets_or_skip(name)  # a fresh machine has the Panda only (the others' assets are fetched by hand)
     scenes = Scenes(get_setup("A01"), arm=name)
     try:
         rec = run_try(scenes, ScriptedPolicy(clearance=scenes.setup.clearance_m), "dev", 0)
