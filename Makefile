@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "Targets:"
-	@echo "  make setup   idempotent setup: .venv/ (or PYTHON=...), Mesa lavapipe (root), torch if missing, pip install -e .[sim,export,jax,ray,dev]"
+	@echo "  make setup   idempotent setup: .venv/ (or PYTHON=...), Mesa lavapipe (root), torch if missing, pip install -e .[sim,export,jax,ray,dev,remote]"
 	@echo "  make test    setup, then $(PY) -m pytest -q"
 	@echo "  make demo    setup, the bc-state engine, then eval.orin on 2 dev tries of A01 and B01 -> runs/demo"
 	@echo "  make lock    pin the installed versions into requirements/lock.txt (after make test passed)"

@@ -45,5 +45,11 @@ setup(
         # eval.run --executor ray: plain ray is enough (ray[default] only adds the dashboard); checked with 2.60
         "ray": ["ray>=2.9"],
         "dev": ["pytest", "pytest-timeout"],
+        # eval.remote / eval.serve: the WebSocket transport and msgpack codecs of the openpi and vla-eval
+        # protocols; vla-eval (0.8 checked) for its model-server base class, client and image codec in the tests.
+        # openpi-client (0.1.2) is not listed: it declares numpy<2, which JAX here excludes, while the modules
+        # used (websocket_client_policy, msgpack_numpy) need only websockets and msgpack: install it with
+        # pip install --no-deps openpi-client==0.1.2 (its tests skip without it)
+        "remote": ["websockets>=13", "msgpack", "vla-eval>=0.8,<0.9"],
     },
 )

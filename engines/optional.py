@@ -20,6 +20,11 @@ OPTIONAL = {
     "jtop": "pip install -e '.[jetson]'",
     "pynvml": "pip install nvidia-ml-py",
     "ray": "pip install -e '.[ray]'",
+    "websockets": "pip install -e '.[remote]'",
+    "msgpack": "pip install -e '.[remote]'",
+    "vla_eval": "pip install -e '.[remote]'",
+    # declares numpy<2 (JAX here needs numpy>=2); the modules used need only websockets and msgpack
+    "openpi_client": "pip install --no-deps openpi-client==0.1.2",
 }
 
 

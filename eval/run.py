@@ -73,7 +73,8 @@ def build_parser(prog: str = "python -m eval.run", description: str | None = Non
     r.add_argument("--protocol", help="openpi or vla-eval (default openpi)")
     r.add_argument("--profile", help="how observations and actions map to the model: octo-small, octo-base, "
                    "bc-state (servers of this project: python -m eval.serve), openvla-7b, openvla-oft, pi0-libero")
-    r.add_argument("--token", help="the token the server was started with")
+    r.add_argument("--token", help="the token the server was started with (run.json keeps it; $SAB_REMOTE_TOKEN "
+                   "is read when this is not given, and is not kept)")
     r.add_argument("--live-latency", action="store_true", help="apply each action at the first control step after "
                    "its own measured round trip (the arm holds until then), as --replay-latency does with a profile")
     p.add_argument("--out", required=True, help="output folder")
@@ -108,6 +109,13 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     args = (parser or build_parser()).parse_args(argv)
     try:
         spec = get_model(args.model)
+        if spec.name == "remote":  # what a served model observes, and its track, are its profile's
+            from dataclasses import replace
+
+            from eval.remote.profiles import get_profile
+
+            profile = get_profile(args.profile or "")
+            spec = replace(spec, track=profile.track, observes=profile.observes)
         setups = resolve_setups(args.setups)
         arm = get_arm(args.arm)
         if args.split not in SPLITS:

@@ -7,7 +7,7 @@
 # Steps (each prints one line saying what it did or skipped):
 #   1. CPU Vulkan (Mesa lavapipe >= 24.3) via apt, when root
 #   2. torch, only when `import torch` fails (never replaces an existing torch)
-#   3. pip install -e ".[sim,export,jax,ray,dev]" with requirements/lock.txt as constraints (the versions
+#   3. pip install -e ".[sim,export,jax,ray,dev,remote]" (and openpi-client without its numpy<2 pin) with requirements/lock.txt as constraints (the versions
 #      CI tested), skipped when already done; UNLOCKED=1 installs without the lock (upgrading, or a
 #      platform the lock was not made on, e.g. Jetson)
 # Set SKIP_APT=1 to skip step 1.
@@ -18,7 +18,7 @@ cd "$REPO"
 
 MESA_MIN="${MESA_MIN:-24.3}"   # overridable only to exercise the apt path
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
-EXTRAS="sim,export,jax,ray,dev"
+EXTRAS="sim,export,jax,ray,dev,remote"
 PACKAGES=(env eval engines jetson benchmarks)
 
 say() { echo "[setup] $*"; }
@@ -147,6 +147,9 @@ if [[ "$installed_here" == "1" && -f "$STAMP" && ! "$REPO/setup.py" -nt "$STAMP"
     say "install: skipped (editable install of $REPO is current)"
 else
     "$PY" -m pip install -q -e "$REPO[$EXTRAS]" "${constraints[@]}"
+    # openpi's client (the remote tests talk to eval.serve with it) declares numpy<2, which JAX here cannot
+    # have; the modules it uses need only websockets and msgpack (the remote extra), so it goes in without deps
+    "$PY" -m pip install -q --no-deps openpi-client "${constraints[@]}"
     printf '%s' "$stamp_text" > "$STAMP"
     say "install: pip install -e \".[$EXTRAS]\" ${constraints[*]:-(unlocked)} done"
 fi

@@ -122,6 +122,21 @@ def _bc_state_check(checkpoint=None, **_):
     load(checkpoint or DEFAULT_WEIGHTS)  # shapes, normalisation, metadata: BadCheckpointError in one line
 
 
+def _remote(setup=None, server=None, protocol=None, profile=None, token=None, live_latency=False, **_):
+    from eval.remote.client import LiveLatencyPolicy, RemotePolicy
+
+    policy = RemotePolicy(server, protocol or "openpi", profile or "", token=token)
+    return LiveLatencyPolicy(policy) if live_latency else policy
+
+
+def _remote_check(server=None, protocol=None, profile=None, token=None, **_):
+    from eval.remote.client import check_server
+
+    check_server(server, protocol, profile, token)  # options, then the server's handshake: one line naming the URL
+
+
+REMOTE_OPTIONS = ("server", "protocol", "profile", "token", "live_latency")
+
 MODELS: Mapping[str, ModelSpec] = MappingProxyType({
     m.name: m for m in (
         ModelSpec("scripted", "reference", "state", _scripted, "scripted controller reading exact poses"),
@@ -135,6 +150,9 @@ MODELS: Mapping[str, ModelSpec] = MappingProxyType({
                   check=_octo_check("octo-base")),
         ModelSpec("bc-state", "adapted", "state", _bc_state, "MLP on exact state trained on scripted demos",
                   options=("checkpoint", "backend"), weights_sha256=_bc_state_weights, check=_bc_state_check),
+        # the profile decides what it observes and its track; the spec renders cameras (any profile may read them)
+        ModelSpec("remote", "frozen", "cameras", _remote, "a model behind a server (openpi or vla-eval protocol; "
+                  "eval.remote)", REMOTE_OPTIONS, check=_remote_check),
     )
 })
 

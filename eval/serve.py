@@ -1,0 +1,279 @@
+"""Serve a model of this project over the openpi or the vla-eval protocol (``python -m eval.serve``).
+
+    python -m eval.serve --model octo-small --backend jax --protocol openpi --port 8000
+    python -m eval.serve --model bc-state --backend ort --protocol vla-eval --port 8001 --token SECRET
+
+The server builds the in-process policy (:func:`eval.policies.octo_policy`, :func:`eval.policies.bc_state_policy`,
+its runner from the one backend factory) and keeps one copy per scene of each connection (spawned: the engine
+is shared), so each scene's history window, chunk queue and noise key per try live here, exactly as in an
+in-process run: a client that sends the same observations with the same seeds gets the same actions. Requests:
+
+- a scene observation ``{"scene", "episode", "seed", "prompt", "images" | "state", "proprio"}`` (the scene's
+  policy is reset with the prompt and seed whenever its ``episode`` changes; without ``episode``, the
+  connection's episode, which a vla-eval ``episode_start`` advances) -> ``{"actions": (7,)}``;
+- ``{"batch": [scene observation, ...]}`` (a ``--num-envs N`` client) -> ``{"actions": (n, 7)}`` from one
+  engine call for every scene that queries the model this step;
+- ``{"prepare": n}``: compile or warm the engine for batch n (untimed at the client, as in-process).
+
+Every reply carries ``server_timing: {"infer_ms": ..., "batch": n}``: the server's own compute time for the
+query (preprocessing, engine, postprocessing; not the transport). openpi: the server sends its metadata first
+(model, backend, weights sha256, how its policy reads frames). vla-eval: HELLO, EPISODE_START,
+OBSERVATION -> ACTION (echoing ``seq``), EPISODE_END, ERROR; ``GET /health``.
+
+It binds 127.0.0.1 unless ``--host`` is given; with ``--token`` a client must present it (header
+``Authorization: Api-Key TOKEN``, or ``?token=TOKEN`` in the URL), else the handshake is refused with HTTP 401.
+``scripted`` is not servable: it reads the simulator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+import urllib.parse
+from http import HTTPStatus
+from typing import Any
+
+import numpy as np
+
+from eval.remote import wire
+
+SERVABLE = ("octo-small", "octo-base", "bc-state")
+
+
+class ServedModel:
+    """A policy prototype, one engine, and the per-scene copies of every connection."""
+
+    def __init__(self, policy, model: str):
+        self.prototype = policy
+        self.model = model
+        self.lock = threading.Lock()  # one engine call at a time, whatever the connections
+        policy.prepare_batch(1)
+        if getattr(policy, "observes", "state") == "cameras":
+            policy.reset("warm up", seed=0)  # compiles the query of one scene (Octo), untimed
+
+    def metadata(self, protocol: str) -> dict:
+        p = self.prototype
+        meta = {"server": "eval.serve", "model": self.model, "protocol": protocol, "backend": p.backend,
+                "observes": p.observes, "track": p.track, "weights_sha256": getattr(p, "weights_sha256", None),
+                "note": getattr(p, "note", None)}
+        if hasattr(p, "exec_horizon"):
+            meta["reads"] = {"window": int(p.cfg.window), "exec_horizon": int(p.exec_horizon),
+                             "temporal_ensembling": bool(p.temporal_ensembling)}
+        return {k: v for k, v in meta.items() if v is not None}
+
+
+class Session:
+    """The scenes of one connection: scene id -> (policy, episode)."""
+
+    def __init__(self, served: ServedModel):
+        self.served = served
+        self.scenes: dict[int, list] = {}
+        self.episode = 0  # the connection's episode (vla-eval episode_start), for requests without one
+        self.prompt = ""
+        self.seed = 0
+
+    def start_episode(self, payload: dict) -> None:
+        task = payload.get("task") if isinstance(payload.get("task"), dict) else {}
+        self.episode += 1
+        self.prompt = str(payload.get("task_description") or payload.get("instruction") or payload.get("prompt")
+                          or task.get("description") or task.get("instruction") or "")
+        self.seed = int(payload.get("seed", task.get("seed", 0)) or 0)
+
+    def handle(self, request: Any) -> dict:
+        if not isinstance(request, dict):
+            raise wire.ProtocolError(f"a request must be a map, got {type(request).__name__}")
+        if "prepare" in request:
+            t0 = time.perf_counter()
+            with self.served.lock:
+                self.served.prototype.prepare_batch(int(request["prepare"]))
+            return {"prepared": int(request["prepare"]), "server_timing": {"infer_ms": (time.perf_counter() - t0) * 1e3}}
+        batched = "batch" in request
+        rows = request["batch"] if batched else [request]
+        if not isinstance(rows, (list, tuple)) or not rows:
+            raise wire.ProtocolError("'batch' must be a non-empty list of scene observations")
+        from eval.policies.base import query_members
+
+        with self.served.lock:  # compute time from here: another connection's query is not this one's
+            t0 = time.perf_counter()
+            members, observations = [], []
+            for row in rows:
+                policy, obs = self._scene(row)
+                members.append(policy)
+                observations.append(obs)
+            actions, _, ran = query_members(members, observations)
+            # the actions each scene's policy has queued from its chunk: the client applies them on the next
+            # steps without a round trip, and sends those steps' observations with its next query
+            chunks = [np.asarray(getattr(m, "_queue", None) or np.zeros((0, actions.shape[1])), np.float32)
+                      for m in members]
+            ms = (time.perf_counter() - t0) * 1e3
+        return {"actions": actions if batched else actions[0], "queued": chunks if batched else chunks[0],
+                "server_timing": {"infer_ms": ms, "batch": len(rows), "model_rows": int(sum(ran))}}
+
+    def _scene(self, row: Any):
+        if not isinstance(row, dict):
+            raise wire.ProtocolError(f"a scene observation must be a map, got {type(row).__name__}")
+        scene = int(row.get("scene", 0))
+        episode = row.get("episode")
+        prompt = row.get("prompt", row.get("task_description", row.get("instruction")))
+        if episode is None:  # a plain client: the connection's episode
+            episode, prompt, seed = ("c", self.episode), (prompt if prompt is not None else self.prompt), self.seed
+        else:
+            seed = int(row.get("seed", 0))
+        entry = self.scenes.get(scene)
+        if entry is None:
+            p = self.served.prototype
+            entry = self.scenes[scene] = [p.spawn() if p.batchable else p, None]
+        if entry[1] != episode:
+            entry[0].reset(str(prompt or ""), seed=int(seed))
+            entry[1] = episode
+        policy = entry[0]
+        earlier = row.get("earlier") or []  # observations of the steps the client served from the queued chunk
+        for o in earlier:  # as in-process: each such step takes its frames into the history, the action its queue
+            if policy.encode(self._observation(policy, o, prompt)) is not None:
+                raise wire.ProtocolError(f"scene {scene}: an earlier observation would have queried the model "
+                                         "(the client and the server disagree on the chunk)")
+            policy.decode(None, -1)
+        return policy, self._observation(policy, row, prompt)
+
+    @staticmethod
+    def _observation(policy, row: dict, prompt) -> dict:
+        if policy.observes == "state":
+            if "state" not in row:
+                raise wire.ProtocolError("a bc-state observation needs 'state'")
+            obs = {"state": {k: np.asarray(v) for k, v in row["state"].items()}}
+        else:
+            images = row.get("images")
+            obs = {"images": None if images is None else dict(images), "proprio": row.get("proprio")}
+        obs["instruction"] = prompt
+        return obs
+
+
+# ------------------------------------------------------------------ protocol handlers
+def _openpi_handler(served: ServedModel):
+    def handler(conn) -> None:
+        session = Session(served)
+        conn.send(wire.openpi_pack(served.metadata("openpi")))
+        for message in conn:
+            try:
+                reply = session.handle(wire.openpi_unpack(message))
+            except Exception as e:  # noqa: BLE001 - sent to the client as openpi's servers do: a text frame
+                conn.send(f"error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                continue
+            conn.send(wire.openpi_pack(reply))
+    return handler
+
+
+def _vla_handler(served: ServedModel):
+    def handler(conn) -> None:
+        session = Session(served)
+        for message in conn:
+            seq = 0
+            try:
+                msg = wire.vla_unpack(message)
+                seq = msg["seq"]
+                kind, payload = msg["type"], msg["payload"]
+                if kind == "hello":
+                    conn.send(wire.vla_pack("hello", wire.hello_payload(
+                        model_server="eval.serve", capabilities={}, **served.metadata("vla-eval")), seq))
+                elif kind == "episode_start":
+                    session.start_episode(payload if isinstance(payload, dict) else {})
+                elif kind == "observation":
+                    conn.send(wire.vla_pack("action", session.handle(payload), seq))
+            except Exception as e:  # noqa: BLE001 - an error message, as vla-eval's servers send
+                conn.send(wire.vla_pack("error", {"error": f"{type(e).__name__}: {e}"}, seq))
+    return handler
+
+
+def _process_request(token: str | None):
+    def process(conn, request):
+        parts = urllib.parse.urlsplit(request.path)
+        if parts.path == "/health":
+            return conn.respond(HTTPStatus.OK, '{"status": "ok"}\n')
+        if token:
+            given = request.headers.get("Authorization", "")
+            query = urllib.parse.parse_qs(parts.query).get("token", [""])[-1]
+            if given != f"Api-Key {token}" and query != token:
+                return conn.respond(HTTPStatus.UNAUTHORIZED, "wrong or missing token\n")
+        return None
+    return process
+
+
+class Server:
+    """A running server (a thread of its own); ``port`` is the bound port, ``close()`` stops it."""
+
+    def __init__(self, served: ServedModel, protocol: str, host: str = "127.0.0.1", port: int = 0,
+                 token: str | None = None):
+        from engines.optional import require
+
+        require("websockets", "remote")
+        from websockets.sync.server import serve
+
+        handler = _openpi_handler(served) if wire.check_protocol(protocol) == "openpi" else _vla_handler(served)
+        self.served, self.protocol, self.host = served, protocol, host
+        self.ws = serve(handler, host, port, process_request=_process_request(token), compression=None,
+                        max_size=None, ping_interval=None)
+        self.port = self.ws.socket.getsockname()[1]
+        self.url = f"ws://{host}:{self.port}"
+        self.thread = threading.Thread(target=self.ws.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.ws.shutdown()
+        self.thread.join(timeout=5)
+
+
+def build_policy(model: str, backend: str | None = None, checkpoint: str | None = None, random_weights: bool = False,
+                 exec_horizon: int | None = None):
+    if model not in SERVABLE:
+        raise ValueError(f"cannot serve {model!r}" + (" (it reads the simulator)" if model == "scripted" else "")
+                         + f"; servable: {', '.join(SERVABLE)}")
+    from eval.policies import bc_state_policy, octo_policy
+
+    if model == "bc-state":
+        return bc_state_policy(checkpoint, backend)
+    return octo_policy(model, backend=backend, checkpoint=checkpoint, random_weights=random_weights,
+                       exec_horizon=exec_horizon)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m eval.serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help=f"one of: {', '.join(SERVABLE)}")
+    p.add_argument("--backend", help="jax | ort | trt (default: the model's in-process default)")
+    p.add_argument("--protocol", default="openpi", help=f"one of: {', '.join(wire.PROTOCOLS)} (default openpi)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (0: any free port, printed)")
+    p.add_argument("--token", help="refuse clients that do not present this token (default: $SAB_REMOTE_TOKEN)")
+    p.add_argument("--checkpoint", help="weights (bc-state: a file; Octo: a checkpoint folder)")
+    p.add_argument("--random-weights", action="store_true", help="Octo with seeded random weights (latency only)")
+    p.add_argument("--exec-horizon", type=int, help="Octo: actions executed per query from a predicted chunk")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        wire.check_protocol(args.protocol)
+        if not 0 <= args.port <= 65535:
+            raise ValueError(f"--port must be 0..65535, got {args.port}")
+        policy = build_policy(args.model, args.backend, args.checkpoint, args.random_weights, args.exec_horizon)
+        served = ServedModel(policy, args.model)
+        from eval.remote.client import resolve_token
+
+        args.token = resolve_token(args.token)
+        server = Server(served, args.protocol, args.host, args.port, args.token)
+    except Exception as e:  # noqa: BLE001 - bad option, missing weights or module, port taken: one line
+        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return 2
+    print(f"serving {args.model} ({policy.backend}) on {server.url} protocol {args.protocol}"
+          + (" (token required)" if args.token else ""), flush=True)
+    try:
+        server.thread.join()
+    except KeyboardInterrupt:
+        server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
