@@ -151,10 +151,10 @@ def average_crop_box(scale: float = AVG_CROP_SCALE, ratio: float = AVG_CROP_RATI
     return np.array([y0, x0, y0 + h, x0 + w], np.float32)
 
 
-def crop_and_resize(img: np.ndarray, box: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """``tf.image.crop_and_resize`` (bilinear, normalised box y1, x1, y2, x2) of one HxWxC image; float32."""
-    x = np.asarray(img, np.float32)
-    hgt, wid = x.shape[:2]
+def _crop_grid(hgt: int, wid: int, box: np.ndarray, size: tuple[int, int]):
+    """The source rows and columns and blend weights of ``tf.image.crop_and_resize``: (top, left, bottom, right,
+    y weights (h, 1, 1), x weights (1, w, 1)). float32 - int64 is float64 in numpy, so the weights (and the
+    blend) are float64, as they have always been here."""
     ch, cw = size
     y1, x1, y2, x2 = (np.float32(v) for v in box)
 
@@ -167,40 +167,22 @@ def crop_and_resize(img: np.ndarray, box: np.ndarray, size: tuple[int, int]) -> 
     ys, xs = np.clip(ys, 0, hgt - 1), np.clip(xs, 0, wid - 1)  # the average crop is inside the image
     top, left = np.floor(ys).astype(int), np.floor(xs).astype(int)
     bottom, right = np.ceil(ys).astype(int), np.ceil(xs).astype(int)
-    yl, xl = (ys - top)[:, None, None], (xs - left)[None, :, None]
-    tl, tr = x[top][:, left], x[top][:, right]
-    bl, br = x[bottom][:, left], x[bottom][:, right]
-    t = tl + (tr - tl) * xl
-    b = bl + (br - bl) * xl
-    return t + (b - t) * yl
+    return top, left, bottom, right, (ys - top)[:, None, None], (xs - left)[None, :, None]
 
 
-def crop_and_resize_torch(img, box: np.ndarray, size: tuple[int, int]):
-    """:func:`crop_and_resize` of one HxWxC torch tensor on its own device: the same operations on the same
-    dtypes in the same order (eager kernels, nothing fused), so the same bits as the numpy version."""
-    import torch
+def crop_and_resize(img, box: np.ndarray, size: tuple[int, int]):
+    """``tf.image.crop_and_resize`` (bilinear, normalised box y1, x1, y2, x2) of one HxWxC image. A torch
+    tensor is resized on its own device with the same operations on the same dtypes in the same order (eager
+    kernels, nothing fused), so the same bits as a numpy image."""
+    grid = _crop_grid(int(img.shape[0]), int(img.shape[1]), box, size)
+    if is_torch_tensor(img):
+        import torch
 
-    x = img.to(torch.float32)
-    hgt, wid = x.shape[:2]
-    ch, cw = size
-    y1, x1, y2, x2 = (np.float32(v) for v in box)
-
-    def coords(c0, c1, n_in, n_out):
-        if n_out > 1:
-            return c0 * (n_in - 1) + np.arange(n_out, dtype=np.float32) * ((c1 - c0) * (n_in - 1) / (n_out - 1))
-        return np.full(1, 0.5 * (c0 + c1) * (n_in - 1), np.float32)
-
-    ys, xs = coords(y1, y2, hgt, ch).astype(np.float32), coords(x1, x2, wid, cw).astype(np.float32)
-    ys, xs = np.clip(ys, 0, hgt - 1), np.clip(xs, 0, wid - 1)
-    top, left = np.floor(ys).astype(int), np.floor(xs).astype(int)
-    bottom, right = np.ceil(ys).astype(int), np.ceil(xs).astype(int)
-    # float32 - int64 is float64 in numpy: the weights, and so the blend, are float64 there, and here
-    yl, xl = (ys - top)[:, None, None], (xs - left)[None, :, None]
-
-    def dev(a):
-        return torch.from_numpy(np.ascontiguousarray(a)).to(x.device)
-
-    top, left, bottom, right, yl, xl = (dev(a) for a in (top, left, bottom, right, yl, xl))
+        x = img.to(torch.float32)
+        top, left, bottom, right, yl, xl = (torch.from_numpy(np.ascontiguousarray(a)).to(x.device) for a in grid)
+    else:
+        x = np.asarray(img, np.float32)
+        top, left, bottom, right, yl, xl = grid
     tl, tr = x[top][:, left], x[top][:, right]
     bl, br = x[bottom][:, left], x[bottom][:, right]
     t = tl + (tr - tl) * xl
@@ -221,7 +203,7 @@ def preprocess_torch(img, size: tuple[int, int], average_crop: bool):
         raise OctoError(f"a camera frame of {tuple(img.shape[:2])} on the device needs resizing to {tuple(size)}, "
                         "which only the host path does: give the camera the model's image size")
     if average_crop:
-        img = torch.clamp(torch.round(crop_and_resize_torch(img, average_crop_box(), size)), 0, 255).to(torch.uint8)
+        img = torch.clamp(torch.round(crop_and_resize(img, average_crop_box(), size)), 0, 255).to(torch.uint8)
     return img
 
 
