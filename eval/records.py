@@ -73,6 +73,7 @@ class TryRecord:
     model: str | None = None
     track: str | None = None
     arm: str | None = None
+    policy_fields: dict[str, Any] = field(default_factory=dict)  # what the policy adds (Policy.record_fields)
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -97,6 +98,8 @@ class TryRecord:
                 "warmup_ms": _sig3(self.warmup_ms),
                 "step_ms": {k: round(v, 3) for k, v in self.step_ms.items()},
             })
+        if self.finished:
+            d.update(self.policy_fields)
         if self.num_envs > 1:
             d["num_envs"] = self.num_envs
         for key in ("model", "track", "arm"):

@@ -372,7 +372,7 @@ def rollout(scenes: Scenes, members: Sequence[Policy], split: str, try_indices: 
             wall_s=float(wall_end[i]), step_ms=share[i], num_envs=n,
             # one scene: its own queries' times; N scenes: the batched calls', in the batch record
             infer_ms=tuple(m.latencies_ms) if n == 1 else (), warmup_ms=tuple(m.warmup_ms) if n == 1 else (),
-            infer_queries=int(queries[i])))
+            infer_queries=int(queries[i]), policy_fields=m.record_fields() if n == 1 else {}))
     warm = min(len(query_ms), members[0].warmup_queries)
     # frames copied from a device renderer to the host, per step (0 where frames are rendered in host memory)
     image_bytes = (scenes.image_bytes + members[0].moved_image_bytes() - image_bytes_0) / total_steps

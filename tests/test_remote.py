@@ -21,7 +21,8 @@ from tests.conftest import REPO_ROOT
 
 pytest.importorskip("websockets")
 
-TIMING = {"wall_s", "infer_ms", "infer_ms_mean", "infer_ms_p99", "warmup_ms", "step_ms", "machine", "backend"}
+TIMING = {"wall_s", "infer_ms", "infer_ms_mean", "infer_ms_p99", "warmup_ms", "step_ms", "machine", "backend",
+          "remote_ms"}
 
 
 def _outcomes(records):
@@ -296,6 +297,11 @@ def test_live_latency_applies_each_chunk_after_its_own_round_trip():
     for step in (7, 8):
         np.testing.assert_allclose(actions[step][:3], second, atol=1e-6)
     assert policy.stale_steps == 2 and policy.stale_ratio() == pytest.approx(2 / 9)
+    fields = policy.record_fields()  # what the try's record keeps: per query round trip, server, transport
+    assert fields["stale_steps"] == 2 and fields["stale_ratio"] == round(2 / 9, 4)
+    rtt, server_ms, transport = (fields["remote_ms"][k] for k in ("rtt_ms", "server_ms", "transport_ms"))
+    assert len(rtt) == len(server_ms) == len(transport) == 2 and min(rtt) >= 100  # the server sleeps 120 ms
+    assert all(abs(r - s - t) <= 0.01 * r for r, s, t in zip(rtt, server_ms, transport))
 
 
 # ------------------------------------------------------------------ faults
@@ -392,3 +398,25 @@ def test_eval_serve_refuses_scripted_in_one_line():
     with pytest.raises(SystemExit):
         main(["--help"])
     assert main(["--model", "scripted", "--port", "0"]) == 2
+
+
+def test_a_served_try_keeps_its_round_trips_in_its_record():
+    from eval.policies import bc_state_policy
+    from eval.remote.client import RemotePolicy
+
+    server = _serve(bc_state_policy(), "bc-state", "openpi")
+    scenes = Scenes(get_setup("A01"), 1, max_steps=4)
+    try:
+        policy = RemotePolicy(server.url, "openpi", "bc-state")
+        (record,), _ = rollout(scenes, [policy], "dev", [0])
+    finally:
+        scenes.close()
+        server.close()
+    times = record.to_json()["remote_ms"]
+    assert len(times["rtt_ms"]) == len(times["server_ms"]) == len(times["transport_ms"]) == record.steps == 4
+    assert all(r >= s > 0 for r, s in zip(times["rtt_ms"], times["server_ms"]))
+    from eval.report.summary import build_summary
+
+    served = build_summary([record.to_json()], model="remote")["served"]  # what summary.json and REPORT.md show
+    assert served["queries"] == 4 and served["rtt_ms"]["p50"] >= served["server_ms"]["p50"] > 0
+    assert served["stale_ratio"] is None  # no --live-latency

@@ -90,6 +90,11 @@ class Policy(abc.ABC):
         rollout renders the cameras only for steps some policy reads; the others get no images."""
         return True
 
+    def record_fields(self) -> dict[str, Any]:
+        """Fields this policy adds to its try's record (JSON-ready; none by default): a served model's round
+        trips, for one."""
+        return {}
+
     def moved_image_bytes(self) -> int:
         """Image bytes the policy's runner has moved between host and device so far (0: none, or no runner
         that could); the rollout reports them per step beside the scenes' own."""

@@ -344,6 +344,11 @@ class RemotePolicy(Policy):
         transport = [r - s for r, s in self.remote_ms if s is not None]
         return {"rtt_ms": rtt, "server_ms": server, "transport_ms": transport}
 
+    def record_fields(self) -> dict[str, Any]:
+        """The try's record keeps every query's round trip, server compute and transport (ms, 3 digits; with
+        one scene: a batch's calls are timed in its batch record)."""
+        return {"remote_ms": {k: [float(f"{x:.3g}") for x in v] for k, v in self.remote_latency().items()}}
+
 
 class LiveLatencyPolicy(Policy):
     """``--live-latency``: the measured round trip of each model query acts in the loop, as ``--replay-latency``
@@ -403,3 +408,8 @@ class LiveLatencyPolicy(Policy):
 
     def remote_latency(self) -> dict[str, list[float]]:
         return self.inner.remote_latency()
+
+    def record_fields(self) -> dict[str, Any]:
+        """The inner policy's round trips, and the steps the arm held waiting for a chunk."""
+        return {**self.inner.record_fields(), "stale_steps": self.stale_steps,
+                "stale_ratio": round(self.stale_ratio(), 4)}

@@ -140,6 +140,17 @@ def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | 
             c = s["actions_clipped"]
             L.append(f"{n + ': ' if several else ''}{c['tries']} tries sent actions outside the controller's "
                      f"[-1, 1] range ({c['actions']} actions in all), which it clipped.")
+    for n, s in summaries.items():
+        v = s.get("served")
+        if v and v["rtt_ms"]:
+            line = (f"{n + ': ' if several else ''}served model, {v['queries']} queries: round trip p50 "
+                    f"{v['rtt_ms']['p50']:.1f} ms (p99 {v['rtt_ms']['p99']:.1f})")
+            if v["server_ms"] and v["transport_ms"]:
+                line += (f", the server's compute p50 {v['server_ms']['p50']:.1f} ms, transport p50 "
+                         f"{v['transport_ms']['p50']:.1f} ms (p99 {v['transport_ms']['p99']:.1f})")
+            if v["stale_ratio"] is not None:
+                line += f"; the arm held on {100 * v['stale_ratio']:.1f}% of steps waiting for a chunk (live latency)"
+            L.append(line + ".")
     L.append("")
     for n, s in summaries.items():
         if s.get("note"):  # e.g. random weights: latency only, success meaningless
