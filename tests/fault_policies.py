@@ -88,3 +88,38 @@ class RaisePolicy(Policy):
         if self.n >= 2:
             raise RuntimeError("the policy's server went away")
         return np.zeros(7, dtype=np.float32)
+
+
+class LosesConnectionOnce(Policy):
+    """Holds still; the first of its kind built in a process loses its model server's connection at its third
+    query (as a dropped WebSocket would), the ones built after it do not."""
+
+    name = "loses-connection-once-test"
+    track = "sanity"
+    built = 0
+
+    def __init__(self):
+        super().__init__()
+        LosesConnectionOnce.built += 1
+        self.first = LosesConnectionOnce.built == 1
+
+    def reset(self, instruction, seed=None):
+        self.n = 0
+
+    def act(self, observation):
+        from eval.policies.base import ConnectionLost
+
+        self.n += 1
+        if self.first and self.n == 3:
+            raise ConnectionLost("the connection to the model server at ws://127.0.0.1:9 dropped (test)")
+        return np.array([0, 0, 0, 0, 0, 0, 1], dtype=np.float32)
+
+
+class AlwaysLosesConnection(LosesConnectionOnce):
+    """Loses its connection at the third query of every try, on every new connection too."""
+
+    name = "always-loses-connection-test"
+
+    def __init__(self):
+        super().__init__()
+        self.first = True

@@ -309,3 +309,23 @@ def test_run_json_lists_the_machine_and_every_package_version(one_try_run):
     env = json.loads((one_try_run / "run.json").read_text())["environment"]
     assert env["machine"]["cpu"] and env["packages"]["numpy"] == metadata.version("numpy")
     assert env["packages"]["mani-skill"] == "3.0.1" and "torch" in env["packages"]
+
+
+def test_a_dropped_model_connection_runs_the_try_again_once_and_flags_it(tmp_path):
+    out = tmp_path / "run"
+    proc = _run("--model", "tests.fault_policies:LosesConnectionOnce", "--split", "dev", "--setups", "A01",
+                "--tries", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "A01 try 0: the connection to the model server at ws://127.0.0.1:9 dropped" in proc.stderr
+    (rec,) = _records(out)
+    assert rec["flags"] == ["server_error"] and rec["steps"] == 300 and rec["wall_s"] > 0  # a finished try
+
+
+def test_a_connection_lost_twice_stops_the_run_in_one_line(tmp_path):
+    out = tmp_path / "run"
+    proc = _run("--model", "tests.fault_policies:AlwaysLosesConnection", "--split", "dev", "--setups", "A01",
+                "--tries", "1", "--out", str(out))
+    assert proc.returncode == 1
+    line = _error_line(proc)
+    assert "A01 try 0" in line and "dropped" in line
+    assert not (out / "tries.jsonl").exists() or not (out / "tries.jsonl").read_text().strip()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from env.setups import Setup
@@ -91,15 +92,28 @@ class TryWorker:
             ) -> BatchResult:
         from eval.rollout import labelled, rollout
 
-        scenes, members = self.prepare(job)
-        if on_step is not None:
-            on_step("sim")  # from here on the watchdog times every stage of every control step
-        records, batch = rollout(scenes, members, self.split, job.try_indices(), self.tasklist, on_step=on_step,
-                                 videos=[video_path] if (job.video and video_path) else None)
+        from eval.policies.base import ConnectionLost
+
+        def attempt():
+            scenes, members = self.prepare(job)
+            if on_step is not None:
+                on_step("sim")  # from here on the watchdog times every stage of every control step
+            return rollout(scenes, members, self.split, job.try_indices(), self.tasklist, on_step=on_step,
+                           videos=[video_path] if (job.video and video_path) else None)
+
+        try:
+            records, batch = attempt()
+        except ConnectionLost as e:  # a model server's connection dropped: once more, on new connections
+            print(f"{job.setup.id} try {job.try_index}: {e}; running it again on a new connection", file=sys.stderr)
+            self.close()
+            records, batch = attempt()  # a second loss propagates: the run stops in one line
+            records = [replace(r, flags=tuple(sorted({*r.flags, "server_error"}))) for r in records]
         return BatchResult(labelled(records, self.spec.name, self.spec.track, self.arm),
                            batch if self.num_envs > 1 else None)
 
     def close(self) -> None:
         if self.scenes is not None:
             self.scenes.close()
+        for m in self.members:  # a served model's policies hold connections
+            getattr(m, "close", lambda: None)()
         self.scenes, self.members, self._key = None, [], None

@@ -35,6 +35,11 @@ class BadActionError(RuntimeError):
     """A policy returned an action the scene cannot apply (NaN, wrong shape)."""
 
 
+class ConnectionLost(BadActionError):
+    """A policy lost the connection to its model (a server): new policies, with new connections, may go on.
+    The worker runs the try once more on them and flags it ``server_error``; a second loss stops the run."""
+
+
 def check_action(name: str, action) -> np.ndarray:
     """The action as float32 (7,), or one-line BadActionError."""
     action = np.asarray(action, dtype=np.float32)

@@ -34,7 +34,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from eval.policies.base import ACTION_DIM, BadActionError, Policy
+from eval.policies.base import ACTION_DIM, BadActionError, ConnectionLost, Policy
 from eval.remote import wire
 from eval.remote.profiles import Profile, foreign_inputs, get_profile, to_scene
 
@@ -48,6 +48,10 @@ class ServerUnreachable(ConnectionError):
 
 class ServerError(BadActionError):
     """The connection dropped or the server answered with an error mid-run."""
+
+
+class ServerDropped(ServerError, ConnectionLost):
+    """The connection to the server dropped mid-run (the try is run once more on a new connection)."""
 
 
 class MalformedReply(BadActionError):
@@ -115,15 +119,15 @@ class Link:
         except TimeoutError:
             raise ServerError(f"no reply from the model server at {self.url} within {timeout:g} s") from None
         except Exception as e:  # noqa: BLE001 - ConnectionClosed and the like
-            raise ServerError(f"the connection to the model server at {self.url} dropped ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''})") from None
+            raise ServerDropped(f"the connection to the model server at {self.url} dropped ({type(e).__name__}: "
+                                f"{str(e).splitlines()[0] if str(e) else ''})") from None
 
     def _send(self, data: bytes) -> None:
         try:
             self.ws.send(data)
         except Exception as e:  # noqa: BLE001
-            raise ServerError(f"the connection to the model server at {self.url} dropped ({type(e).__name__})"
-                              ) from None
+            raise ServerDropped(f"the connection to the model server at {self.url} dropped ({type(e).__name__})"
+                                ) from None
 
     def _openpi(self, data) -> dict:
         if isinstance(data, str):
@@ -408,6 +412,9 @@ class LiveLatencyPolicy(Policy):
 
     def remote_latency(self) -> dict[str, list[float]]:
         return self.inner.remote_latency()
+
+    def close(self) -> None:
+        self.inner.close()
 
     def record_fields(self) -> dict[str, Any]:
         """The inner policy's round trips, and the steps the arm held waiting for a chunk."""
