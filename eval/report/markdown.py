@@ -156,8 +156,10 @@ def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | 
         if s.get("note"):  # e.g. random weights: latency only, success meaningless
             L += [f"**{n}: {_val(s['note'])}**", ""]
     for n, s in summaries.items():
-        if not s["complete"]:
-            who = f"{n}: " if several else ""
+        who = f"{n}: " if several else ""
+        if not s["n_tries"] and s["full_board"]:  # a full-board run: its own section, not the score's n/a
+            L += [f"**{who}full-board tries only: see the full-board section** (S and M are for the 30 setups)", ""]
+        elif not s["complete"]:
             L.append(f"**{who}incomplete: missing setups {', '.join(s['missing'])}** (S and M are n/a)")
             L.append("")
     bs = first["bootstrap"]
@@ -188,11 +190,18 @@ def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | 
             L.append(f"- Weights ({n}): sha256 {_val(s['weights_sha256'])}")
     L.append("")
 
-    # By group / difficulty
+    # By group / difficulty, every setup: only what some model has tries of (a subset reports what it holds)
+    held = [sid for sid in first["setups"] if any(s["setups"][sid]["n"] for s in summaries.values())]
+    if not held:
+        L += ["No model has tries of the 30 scored setups.", ""]
+        return _rest(L, summaries, paired, several, bs)
+    left_out = len(first["setups"]) - len(held)
     L += ["## By group", ""]
     rows = []
     for g in GROUPS:
         setups = first["groups"][g]["setups"]
+        if not set(setups) & set(held):
+            continue
         rows.append([g, str(len(setups))] +
                     [_pct_rng(s["groups"][g]["rate"], s["groups"][g]["ci"]) for s in summaries.values()])
     rows.append(["**S**", "", *[f"**{_pct_rng(s['S'], s['S_ci'])}**" for s in summaries.values()]])
@@ -201,22 +210,26 @@ def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | 
     rows = []
     for d in DIFFICULTIES:
         setups = first["difficulty"][d]["setups"]
+        if not set(setups) & set(held):
+            continue
         rows.append([d, str(len(setups))] +
                     [_pct_rng(s["difficulty"][d]["rate"], s["difficulty"][d]["ci"]) for s in summaries.values()])
     L += _table(["Difficulty", "Setups", *[f"{n} % [95%]" for n in names]], rows, ["l", "r"] + ["r"] * len(names))
 
     # Every setup
     L += ["", "## Every setup", ""]
+    if left_out:
+        L += [f"{left_out} setups without tries are left out of these tables.", ""]
     if not several:
         rows = []
-        for sid, e in first["setups"].items():
+        for sid, e in ((sid, first["setups"][sid]) for sid in held):
             rows.append([sid, e["name"], e["group"], e["difficulty"], f"{e['k']}/{e['n']}" if e["n"] else "0/0",
                          _pct(e["rate"]), _rng(e["ci"]), _flags_str(e["flags"]) if e["n"] else "no tries"])
         L += _table(["Id", "Name", "Group", "Difficulty", "k/n", "%", "Wilson 95%", "Flags"], rows,
                     ["l"] * 4 + ["r"] * 3 + ["l"])
     else:
         rows = []
-        for sid, e in first["setups"].items():
+        for sid, e in ((sid, first["setups"][sid]) for sid in held):
             row = [sid, e["name"], e["group"], e["difficulty"]]
             for s in summaries.values():
                 x = s["setups"][sid]
@@ -228,8 +241,16 @@ def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | 
             head += [f"{n} k/n", f"{n} % [Wilson 95%]", f"{n} flags"]
         L += _table(head, rows, ["l"] * 4 + ["r", "r", "l"] * len(names))
 
+    L.append("")
+    return _rest(L, summaries, paired, several, bs)
+
+
+def _rest(L: list[str], summaries: Mapping[str, dict], paired, several: bool, bs: Mapping) -> str:
+    """The report from the weakest setups on: secondary metrics, latency, full board, paired differences."""
     # Weakest setups
-    L += ["", "## Weakest setups", "",
+    if not any(s["n_tries"] for s in summaries.values()):
+        return _after_weakest(L, summaries, paired, several, bs)
+    L += ["## Weakest setups", "",
           f"The {N_WEAKEST} lowest setups per model, with the flags of their tries "
           "(\"no flag\" = failed without a flag, i.e. ran out of steps).", ""]
     for n, s in summaries.items():
@@ -248,6 +269,10 @@ def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | 
                      f"({w['k']}/{w['n']}); flags: {', '.join(fl) if fl else 'none'}")
         L.append("")
 
+    return _after_weakest(L, summaries, paired, several, bs)
+
+
+def _after_weakest(L: list[str], summaries: Mapping[str, dict], paired, several: bool, bs: Mapping) -> str:
     # Secondary metrics
     L += ["## Secondary metrics (not in the score)", "",
           "Recovery: successes among tries whose disturbance fired (Wilson 95%). Drops: tries with a dropped "

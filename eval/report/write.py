@@ -177,14 +177,22 @@ def write_report(tries_paths: Sequence[str | Path], out_dir: str | Path, *, name
             for n, s in summaries.items():
                 w.writerows(_csv_rows(n, s))
         stage("REPORT.md").write_text(render_markdown(summaries, paired, sources), encoding="utf-8")
-        plot_groups(summaries, stage("groups.png"))
+        if not plot_groups(summaries, stage("groups.png")):  # no scored tries (a full-board run): no groups
+            staged.pop("groups.png").unlink(missing_ok=True)
         plot_heatmap(summaries, stage("heatmap.png"))
         if any(queries.values()):
-            plot_latency(queries, stage("latency.png"))
+            warmup = {n: sum(len(r.get("warmup_ms") or []) for r in _split_records(recs)[0])
+                      for n, recs in zip(model_names, records)}
+            from eval.report.plots import _label
+
+            plot_latency({_label(n, summaries[n]): v for n, v in queries.items()}, stage("latency.png"),
+                         {_label(n, s): _machine_name(s) for n, s in summaries.items()},
+                         {_label(n, summaries[n]): w for n, w in warmup.items()})
         for name, tmp in staged.items():
             os.replace(tmp, out / name)
-        if "latency.png" not in staged:  # an earlier report's picture would describe other tries
-            (out / "latency.png").unlink(missing_ok=True)
+        for name in ("latency.png", "groups.png"):  # an earlier report's picture would describe other tries
+            if name not in staged:
+                (out / name).unlink(missing_ok=True)
     except OSError as e:
         raise ReportError(f"{out}: cannot write the report ({e.strerror or e}): free space or fix permissions, "
                           f"then rerun the same command (the tries are kept)") from None
@@ -192,3 +200,13 @@ def write_report(tries_paths: Sequence[str | Path], out_dir: str | Path, *, name
         for tmp in staged.values():
             tmp.unlink(missing_ok=True)
     return result
+
+
+def _machine_name(summary: Mapping[str, Any]) -> str:
+    """The machine a model's queries ran on, for the latency picture: eval.orin's device, else the CPU."""
+    device = summary.get("device")
+    if isinstance(device, Mapping) and device.get("name"):
+        return str(device["name"])
+    from eval.report.markdown import _machine_short
+
+    return _machine_short(summary.get("machine"))
