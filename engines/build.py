@@ -3,12 +3,15 @@
     python -m engines.build            # what `make engines` runs
     python -m engines.build --precisions fp32,fp16 --batch-max 8
     python -m engines.build --models octo-small --checkpoint-octo-small ~/octo-small-1.5
+    python -m engines.build --models octo-small --onnx-from DIR   # a Jetson: engines from graphs made on x86
 
 Prints a table of what was built, where, and why anything was skipped.
 Outputs go to build/engines/ (ignored by git). Octo (octo-small, octo-base) is
 exported from a checkpoint when one is given (--checkpoint-octo-small DIR),
 else from seeded random weights of the exact architecture, marked latency-only
-in the table and in the ONNX metadata. Nothing is downloaded.
+in the table and in the ONNX metadata. Nothing is downloaded. ``--onnx-from DIR`` takes Octo's two graphs
+exported elsewhere (``<model>_backbone.onnx``, ``<model>_sampler.onnx``, e.g. from an x86 machine with JAX)
+instead of exporting them, so that a machine without JAX (the Jetson image) builds their TensorRT engines.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ def _bc_state_onnx(out: Path, args) -> list[tuple[str, Path, str]]:
 
 def _octo_onnx(model: str):
     def export(out: Path, args) -> list[tuple[str, Path, str]]:
+        if args.onnx_from:
+            return _octo_exported(model, Path(args.onnx_from))
         from engines.optional import require
 
         for module in ("jax", "jax2onnx", "onnx"):
@@ -58,6 +63,27 @@ def _octo_onnx(model: str):
     return export
 
 
+def _octo_exported(model: str, folder: Path) -> list[tuple[str, Path, str]]:
+    """Octo's two graphs as exported elsewhere, checked (ONNX checker, this project's export format); no JAX."""
+    from engines.octo.export import EXPORT_FORMAT, file_stem
+    from engines.onnx_utils import check_onnx_file, metadata
+
+    rows = []
+    for part in ("backbone", "sampler"):
+        path = folder / f"{file_stem(model)}_{part}.onnx"
+        if not path.is_file():
+            raise FileNotFoundError(f"no {path}: export it on a machine with JAX (python -m engines.build --models "
+                                    f"{model} --out DIR) and copy both graphs into {folder}")
+        check_onnx_file(path)
+        meta = metadata(path)
+        if meta.get("format") != EXPORT_FORMAT:
+            raise ValueError(f"{path} is not this project's export ({meta.get('format')!r}, expected {EXPORT_FORMAT!r})"
+                             "; export it again with python -m engines.build")
+        note = " (random weights: latency only)" if meta.get("latency_only") == "true" else ""
+        rows.append((f"onnx {part}", path, f"{note} (exported elsewhere)"))
+    return rows
+
+
 class Skipped(Exception):
     """An artifact this machine cannot or need not build; the message is the reason shown."""
 
@@ -75,6 +101,8 @@ def main(argv=None) -> int:
                    "weights, latency only)")
     p.add_argument("--checkpoint-octo-base", metavar="DIR", help="octo-base-1.5 checkpoint (default: random weights)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--onnx-from", metavar="DIR", help="Octo's graphs exported elsewhere (<model>_backbone.onnx, "
+                   "<model>_sampler.onnx): build their engines without JAX")
     args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in EXPORTS]
