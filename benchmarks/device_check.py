@@ -641,8 +641,34 @@ class Interrupted(Exception):
     pass
 
 
-def _on_signal(signum, frame):  # noqa: ARG001
-    raise Interrupted(signal.Signals(signum).name)
+class SignalGate:
+    """SIGTERM/SIGINT while a step's process is waited on interrupt the wait (the step is killed and recorded as
+    "killed"); at any other moment (a record being written, between steps) the signal is held until the loop
+    looks, so a finished step is never lost and the step that was next is recorded as killed before it started."""
+
+    def __init__(self) -> None:
+        self.pending: str | None = None
+        self.waiting = False
+
+    def __call__(self, signum, frame) -> None:  # noqa: ARG002
+        name = signal.Signals(signum).name
+        if self.waiting:
+            self.waiting = False  # a second signal during the kill is held, not raised inside the cleanup
+            raise Interrupted(name)
+        self.pending = self.pending or name
+
+    @contextlib.contextmanager
+    def interruptible(self):
+        self.waiting = True
+        try:
+            if self.pending:
+                raise Interrupted(self.pending)
+            yield
+        finally:
+            self.waiting = False
+
+
+SIGNALS = SignalGate()
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -765,13 +791,18 @@ def run_check(steps: list[Step], dry_run: bool, out: Path, work: Path, budget_s:
 
     tqdm.monitor_interval = 0  # no monitor thread: children are started with a pre-exec function
     records: list[dict] = []
-    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     interrupted = None
     bar = tqdm(steps, desc="device check", unit="step", disable=no_progress or not sys.stderr.isatty())
     try:
         for i, step in enumerate(bar, 1):
             bar.set_postfix_str(step.name)
-            rec = run_one(step, i, len(steps), dry_run, steps_dir, log_path, deadline, timeout_scale, budget_s)
+            if SIGNALS.pending:  # arrived between steps: this one never started
+                rec = {"step": step.name, "index": i, "timeout_s": round(step.timeout_s * timeout_scale, 3),
+                       "wall_s": 0.0, "status": "killed", "interrupted": SIGNALS.pending,
+                       "reason": f"the check was interrupted ({SIGNALS.pending}) before this step started"}
+            else:
+                rec = run_one(step, i, len(steps), dry_run, steps_dir, log_path, deadline, timeout_scale,
+                              budget_s)
             if rec.get("interrupted"):
                 interrupted = rec.pop("interrupted")
             records.append(rec)
@@ -782,12 +813,8 @@ def run_check(steps: list[Step], dry_run: bool, out: Path, work: Path, budget_s:
                        f"(timeout {rec['timeout_s']:.0f} s){'  ' + rec['reason'] if rec.get('reason') else ''}")
             if interrupted:
                 break
-    except Interrupted as e:  # between steps: the finished ones are already in the JSON lines
-        interrupted = str(e)
     finally:
         bar.close()
-        for s, h in old.items():
-            signal.signal(s, h)
     if interrupted:
         print(f"error: interrupted ({interrupted}); {out / 'device_check.jsonl'} holds the finished steps",
               file=sys.stderr)
@@ -838,7 +865,8 @@ def run_one(step: Step, i: int, n: int, dry_run: bool, steps_dir: Path, log_path
                                 stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         status = None
         try:
-            rc = proc.wait(timeout=timeout)
+            with SIGNALS.interruptible():
+                rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             rc, status = proc.returncode, "timeout"
@@ -930,6 +958,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out or os.environ.get("OUT") or ROOT / ("runs/benchmarks/device_check_dry_run" if a.dry_run
                                                          else "results/benchmarks/device_check")).resolve()
     work = Path(a.work or ROOT / f"build/device_check{suffix}").resolve()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # held until the loop can record them (SignalGate)
+        signal.signal(sig, SIGNALS)
     return run_check(steps, a.dry_run, out, work, a.budget_s, a.timeout_scale, a.no_progress, argv)
 
 

@@ -162,6 +162,44 @@ def test_the_wall_timeout_ends_the_run_and_records_the_step_in_flight(tmp_path):
     assert not wait_gone(str(tmp_path))
 
 
+def test_a_signal_between_steps_keeps_the_finished_step_and_records_the_next_as_killed(tmp_path, monkeypatch):
+    """A signal that lands while a record is written (not while a step's process is waited on) is held: the
+    finished step is written as it ended and the step that was next is recorded as killed before it started."""
+    gate = dc.SignalGate()
+    monkeypatch.setattr(dc, "SIGNALS", gate)
+    real_run_one = dc.run_one
+
+    def run_one_then_signal(*args, **kwargs):
+        rec = real_run_one(*args, **kwargs)
+        gate(signal.SIGTERM, None)  # as if `timeout` fired just after the step's process ended
+        return rec
+
+    monkeypatch.setattr(dc, "run_one", run_one_then_signal)
+    out = tmp_path / "out"
+    rc = dc.run_check([dc.BY_NAME["system"], dc.BY_NAME["jax-octo-small"]], True, out, tmp_path / "work", 300.0,
+                      1.0, True, [])
+    assert rc == 143
+    first, second = steps_in(out)
+    assert first["step"] == "system" and first["status"] == "ok"
+    assert second["step"] == "jax-octo-small" and second["status"] == "killed" and second["wall_s"] == 0
+    assert "SIGTERM" in second["reason"] and "before this step started" in second["reason"]
+    assert not (out / "device_check.json").exists()
+
+
+def test_the_signal_gate_raises_only_while_a_step_is_waited_on():
+    gate = dc.SignalGate()
+    gate(signal.SIGINT, None)  # not waiting: held
+    assert gate.pending == "SIGINT"
+    with pytest.raises(dc.Interrupted, match="SIGINT"), gate.interruptible():  # held one surfaces at the wait
+        pass
+    gate = dc.SignalGate()
+    with pytest.raises(dc.Interrupted, match="SIGTERM"), gate.interruptible():
+        gate(signal.SIGTERM, None)
+    assert not gate.waiting
+    gate(signal.SIGTERM, None)  # during the kill that follows: held, not raised
+    assert gate.pending == "SIGTERM"
+
+
 @pytest.mark.parametrize("args,needle", [(["--steps", "nope"], "unknown step nope"),
                                          (["--budget-s", "0"], "must be positive")])
 def test_bad_input_is_one_line(tmp_path, args, needle):
