@@ -102,6 +102,68 @@ def test_elementary_distractors_are_wrong(items):
             assert same == [it["answer"]]
 
 
+def _position_items(n=40, seed=0):
+    return [Q.GENERATORS["position"](np.random.default_rng([seed, Q.TYPES.index("position"), i]), i) for i in range(n)]
+
+
+def test_position_is_the_papers_installation_question():
+    """Current structure, the part alone and the resulting structure; where was the part placed? The result
+    differs from the current scene by that part only, the part image shows it alone, every option is the answer
+    of a quarter of the items, and the part's shape alone does not give the answer."""
+    items = _position_items()
+    assert {lab: sum(it["answer"] == lab for it in items) for lab in "ABCD"} == dict.fromkeys("ABCD", 10)
+    placements = {it["meta"]["placement"] for it in items}
+    assert placements == {"inserted", "rests_on_hole", "stacked"}
+    shape_only_right = 0
+    for it in items:
+        assert [im["role"] for im in it["images"]] == ["current", "part", "result"]
+        cur, part, res = (im["state"] for im in it["images"])
+        changed = [a["id"] for b, a in zip(cur["blocks"], res["blocks"]) if a != b]
+        assert changed == [it["meta"]["subject"]]
+        (shown,) = part["blocks"]
+        moved = next(b for b in res["blocks"] if b["id"] == changed[0])
+        assert (shown["shape"], shown["color"]) == (moved["shape"], moved["color"])
+        assert it["images"][1]["camera"] == "part" and S.over_board(part["board"], S.PART_XY, 0.3) is False
+        own_hole = Q.holes_left_to_right(cur, it["images"][0]["camera"]).index(Q.cell_index(cur, shown["shape"]))
+        shape_only_right += it["answer"] == it["labels"][own_hole]
+    assert shape_only_right < len(items) / 2  # "the hole of its shape" is no shortcut
+
+
+def test_dependency_asks_which_parts_account_for_the_step():
+    """Image 2 holds Image 1's parts plus one or two new ones; exactly one candidate part set is the added parts
+    (shape and colour), the others differ, and the candidates are pictures of parts alone."""
+    added_counts = set()
+    for i in range(24):
+        it = Q.GENERATORS["dependency"](np.random.default_rng([0, Q.TYPES.index("dependency"), i]), i)
+        before, after = it["images"][0]["state"], it["images"][1]["state"]
+        had = {b["id"] for b in before["blocks"]}
+        assert had < {b["id"] for b in after["blocks"]}
+        assert all(b in after["blocks"] for b in before["blocks"])  # the parts there before did not move
+        added = Q.part_key([b for b in after["blocks"] if b["id"] not in had])
+        added_counts.add(len(added))
+        cands = [im for im in it["images"] if im["role"] == "candidate"]
+        assert len(cands) == 4 and all(im["camera"] == "part" for im in cands)
+        keys = [S.canonical(Q.part_key(im["state"]["blocks"])) for im in cands]
+        assert len(set(keys)) == 4
+        assert [im["label"] for im in cands if Q.part_key(im["state"]["blocks"]) == added] == [it["answer"]]
+    assert added_counts == {1, 2}
+
+
+def test_adjacency_no_items_show_their_gap_in_the_image():
+    """Ground truth decidable from the picture: every "no" item's two blocks are at least APART_MIN_PX apart in
+    the image it comes with (occlusion along the line of sight used to hide 16 mm gaps)."""
+    nos = 0
+    for i in range(100):
+        it = Q.GENERATORS["adjacency"](np.random.default_rng([0, Q.TYPES.index("adjacency"), i]), i)
+        if it["answer"] == "no":
+            im = it["images"][0]
+            blocks = {b["id"]: b for b in im["state"]["blocks"]}
+            a, b = (blocks[x] for x in it["meta"]["subjects"])
+            assert Q.gap_in_image_px(a, b, im["camera"]) >= Q.APART_MIN_PX, i
+            nos += 1
+    assert nos == 50
+
+
 # ----------------------------------------------------------------- order checker (property test)
 def _random_dag(rng, n):
     nodes = [f"n{i}" for i in range(n)]
@@ -372,7 +434,7 @@ def test_committed_reports_match_the_readme_claims():
 
 
 def test_gap_in_image_px_sees_occlusion(renderer):
-    """The silhouette test for adjacency 'no' items (issue 21, not yet used by the generator): a gap across the
+    """The silhouette test that adjacency 'no' items pass (questions.APART_MIN_PX): a gap across the
     image shows as pixels, the same gap along the line of sight as none; the silhouette holds the rendered block."""
     from env import geometry
 

@@ -74,10 +74,15 @@ def _solve(item):
         blk = _block(st, meta["subject"])
         return "no" if S.yaw_fits(blk["shape"], blk["yaw"], st["board"]["yaw"]) else "yes"
     if kind == "position":
-        im = _scene(item)
-        st = im["state"]
-        shape = _block(st, meta["subject"])["shape"]
-        return item["labels"][Q.holes_left_to_right(st, im["camera"]).index(Q.cell_index(st, shape))]
+        cur, res = _scene(item, "current"), _scene(item, "result")
+        moved = next(a for b, a in zip(cur["state"]["blocks"], res["state"]["blocks"]) if a != b)
+        st = res["state"]
+        if any(o["id"] != moved["id"] and abs(o["x"] - moved["x"]) < 1e-6 and abs(o["y"] - moved["y"]) < 1e-6
+               and o["z"] < moved["z"] for o in st["blocks"]):
+            return item["labels"][3]
+        cell = next(i for i in range(len(st["board"]["cells"]))
+                    if np.hypot(*(S.cell_world(st["board"], i) - [moved["x"], moved["y"]])) < 1e-5)
+        return item["labels"][Q.holes_left_to_right(st, res["camera"]).index(cell)]
     if kind == "next_step":
         cur = _scene(item, "current")["state"]
         x = meta["subject"]
@@ -95,11 +100,10 @@ def _solve(item):
         return None
     if kind == "dependency":
         before, after = _scene(item, "before")["state"], _scene(item, "after")["state"]
-        if S.canonical(before["board"]) != S.canonical(after["board"]):
-            changed = "board"
-        else:
-            changed = next(b["id"] for b, a in zip(before["blocks"], after["blocks"]) if b != a)
-        return next(lab for lab, i in meta["option_ids"].items() if i == changed)
+        had = {b["id"] for b in before["blocks"]}
+        added = Q.part_key([b for b in after["blocks"] if b["id"] not in had])
+        return next(im["label"] for im in item["images"]
+                    if im["role"] == "candidate" and Q.part_key(im["state"]["blocks"]) == added)
     if kind == "backwards":
         dom, target = meta["domain"], set(meta["target"])
         for im in item["images"]:

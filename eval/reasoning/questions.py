@@ -148,6 +148,9 @@ def q_height(rng, index):
 # ----------------------------------------------------------------- 2 adjacency
 TOUCH_M = 0.001  # touching: closest points at most 1 mm apart
 APART_MIN_M = 0.012
+# a "no" item's gap must show in the image it comes with: its silhouettes at least this many pixels apart (a
+# 16 mm gap along the line of sight shows as none; issue 21 found 22 of 50 "no" items under 3 px)
+APART_MIN_PX = 3.0
 
 
 def q_adjacency(rng, index):
@@ -165,7 +168,7 @@ def q_adjacency(rng, index):
         if min(S.blocks_distance(c, a), S.blocks_distance(c, b)) < 0.015:
             continue
         d = S.blocks_distance(a, b)
-        if (d <= TOUCH_M) == touch:
+        if (d <= TOUCH_M) == touch and (touch or gap_in_image_px(a, b, "front") >= APART_MIN_PX):
             break
     else:
         raise RuntimeError("adjacency: no scene")
@@ -340,18 +343,72 @@ def holes_left_to_right(st, camera) -> list[int]:
     return [int(i) for i in np.argsort(S.project(camera, pts)[:, 0])]
 
 
+def cell_taken(st, i) -> bool:
+    """A block stands in hole ``i`` (inserted) or rests on it."""
+    xy = S.cell_world(st["board"], i)
+    return any(abs(b["x"] - xy[0]) < 1e-6 and abs(b["y"] - xy[1]) < 1e-6 for b in st["blocks"])
+
+
+def free_on_table(st) -> list[dict]:
+    """Blocks on the table, off the board, with nothing resting on them: the ones a step can pick up or build on."""
+    return [b for b in st["blocks"] if abs(b["z"] - S.Z_TABLE) < 1e-9
+            and not S.over_board(st["board"], (b["x"], b["y"]), 0, 0)
+            and not any(o is not b and abs(o["x"] - b["x"]) < 1e-9 and abs(o["y"] - b["y"]) < 1e-9
+                        for o in st["blocks"])]
+
+
+POSITION_OPTIONS = ("at the left hole", "at the middle hole", "at the right hole", "on top of another block")
+
+
 def q_position(rng, index):
-    st = standard_scene(rng, yaw_deg=25)
-    camera = ("front", "robot")[index % 2]
-    blk = st["blocks"][int(rng.integers(3))]
-    order = holes_left_to_right(st, camera)
-    labels = ["A", "B", "C"]
-    options = dict(zip(labels, ["the left hole", "the middle hole", "the right hole"]))
-    answer = labels[order.index(cell_index(st, blk["shape"]))]
-    prompt = (f"Into which hole of the board (as seen in this image) does {S.block_name(blk)} fit? "
+    """The paper's installation position: the current structure, the part and the resulting structure are given;
+    where was the part installed? The part goes into its own hole, rests on a hole it does not fit, or sits on
+    another block, so the part's shape alone does not give the answer; each option is the answer of a quarter
+    of the items, and half of the hole answers are insertions."""
+    want = index % 4  # A-C: the hole at that place from left to right in the image; D: on another block
+    camera = ("front", "robot")[(index // 4) % 2]
+    for _ in range(500):
+        st = standard_scene(rng, yaw_deg=25)
+        if rng.uniform() < 0.5:  # a part is installed already
+            insert(st, st["blocks"][int(rng.integers(3))])
+        free = free_on_table(st)
+        if want < 3:
+            cell = holes_left_to_right(st, camera)[want]
+            fits = rng.uniform() < 0.5  # half of the hole answers are an insertion, half a part resting on it
+            free = [b for b in free if (b["shape"] == st["board"]["cells"][cell][0]) == fits]
+            if cell_taken(st, cell):
+                continue
+        if not free:
+            continue
+        part = free[int(rng.integers(len(free)))]
+        after = copy_state(st)
+        moved = by_id(after)[part["id"]]
+        if want < 3:
+            if st["board"]["cells"][cell][0] == part["shape"]:
+                insert(after, moved)
+                placement = "inserted"
+            else:
+                rest_on_cell(after, moved, cell, rng.uniform(-math.pi, math.pi))
+                placement = "rests_on_hole"
+        else:
+            bases = [b for b in free if b["id"] != part["id"]]
+            if not bases:
+                continue
+            base = bases[int(rng.integers(len(bases)))]
+            moved.update(x=base["x"], y=base["y"], z=base["z"] + S.STACK_DZ, yaw=float(rng.uniform(-math.pi, math.pi)))
+            placement = "stacked"
+        break
+    else:
+        raise RuntimeError("position: no scene")
+    labels = CHOICE4
+    options = dict(zip(labels, POSITION_OPTIONS))
+    prompt = ("Image 1 shows the current scene, Image 2 a part, and Image 3 the scene after that part was placed. "
+              "Where was the part placed (left and right as seen in Images 1 and 3)? "
               + " ".join(f"{lab}: {options[lab]}." for lab in labels) + " " + _letters_prompt(labels))
-    return _choice_item("position", prompt, options, answer, [_img("Image 1", "scene", st, camera)],
-                        {"subject": blk["id"], "camera": camera})
+    images = [_img("Image 1", "current", st, camera), _img("Image 2", "part", S.part_state([part], st["board"]), "part"),
+              _img("Image 3", "result", after, camera)]
+    return _choice_item("position", prompt, options, labels[want], images,
+                        {"subject": part["id"], "camera": camera, "placement": placement})
 
 
 # ----------------------------------------------------------------- 7 next step
@@ -400,57 +457,76 @@ def q_next_step(rng, index):
 
 
 # ----------------------------------------------------------------- 8 dependency
-def q_dependency(rng, index):
-    want_board = index % 4 == 3  # the board is one of four options: it changes in a quarter of the items
-    for attempt in range(2000):
-        if attempt % 20 == 0:  # a scene where the wanted change is impossible: draw another
-            while True:
-                st = varied_scene(rng)
-                if not want_board or all(not S.over_board(st["board"], (b["x"], b["y"]), S.radius(b["shape"]))
-                                         for b in st["blocks"]):
-                    break
-            kinds = ["board"] if want_board else ["move", "rotate", "insert"]
-        kind = str(rng.choice(kinds))
-        after = copy_state(st)
-        if kind == "board":
-            after["board"]["y"] += rng.uniform(0.03, 0.05) * rng.choice([-1.0, 1.0])
-            after["board"]["yaw"] += math.radians(rng.uniform(10, 20)) * rng.choice([-1.0, 1.0])
-            if any(S.over_board(after["board"], (b["x"], b["y"]), S.radius(b["shape"])) for b in after["blocks"]):
-                continue
-            changed = "board"
-            break
-        d = _changed(rng, st, kind) if kind != "insert" else None
-        if kind == "insert":
-            free = [i for i, b in enumerate(after["blocks"]) if abs(b["z"] - S.Z_TABLE) < 1e-9
-                    and not S.over_board(st["board"], (b["x"], b["y"]), 0, 0)
-                    and not any(abs(o["x"] - b["x"]) < 1e-9 and abs(o["y"] - b["y"]) < 1e-9 and o is not b for o in after["blocks"])]
-            taken = [i for i, b in enumerate(after["blocks"]) if S.over_board(st["board"], (b["x"], b["y"]), 0, 0)]
-            free = [i for i in free if not any(np.allclose(S.cell_world(st["board"], cell_index(st, after["blocks"][i]["shape"])),
-                                                           (after["blocks"][j]["x"], after["blocks"][j]["y"])) for j in taken)]
-            if not free:
-                continue
-            i = free[int(rng.integers(len(free)))]
-            insert(after, after["blocks"][i])
-            d = after
-        if d is None:
-            continue
-        after = d
-        changed = next(b["id"] for b, a in zip(st["blocks"], after["blocks"]) if b != a)
-        break
+def part_key(blocks) -> list:
+    """What identifies a set of parts: their shapes and colours (not where they lie)."""
+    return sorted((b["shape"], b["color"]) for b in blocks)
+
+
+def _part_distractors(rng, added, before, colors_used):
+    """Part sets that do not account for the step: a colour or a shape changed, one part missing or one too many,
+    or a part already in the scene before the step instead."""
+    out = []
+    spare = [c for c in S.PALETTE if c not in colors_used]
+    i = int(rng.integers(len(added)))
+    out.append(("colour", [dict(b, color=spare[int(rng.integers(len(spare)))]) if j == i else b
+                           for j, b in enumerate(added)]))
+    others = [sh for sh in geometry.SHAPES if sh not in {b["shape"] for b in added}]
+    if others:
+        out.append(("shape", [dict(b, shape=others[int(rng.integers(len(others)))]) if j == i else b
+                              for j, b in enumerate(added)]))
+    if len(added) > 1:
+        out.append(("missing", [b for j, b in enumerate(added) if j != i]))
+    if before:
+        out.append(("already_there", [before[int(rng.integers(len(before)))]]))
+        out.append(("extra", added + [before[int(rng.integers(len(before)))]]))
     else:
-        raise RuntimeError("dependency: no change")
-    labels = CHOICE4
-    names = [S.block_name(b) for b in st["blocks"]] + ["the board"]
-    ids = [b["id"] for b in st["blocks"]] + ["board"]
-    perm = rng.permutation(3)
-    names = [names[j] for j in perm] + [names[3]]
-    ids = [ids[j] for j in perm] + [ids[3]]
-    options = dict(zip(labels, names))
-    prompt = ("Images 1 and 2 show the same scene before and after one object was moved. Which object changed? "
-              + " ".join(f"{lab}: {options[lab]}." for lab in labels) + " " + _letters_prompt(labels))
-    return _choice_item("dependency", prompt, options, labels[ids.index(changed)],
-                        [_img("Image 1", "before", st), _img("Image 2", "after", after)],
-                        {"option_ids": dict(zip(labels, ids)), "change": kind})
+        out.append(("extra", added + [dict(added[i], color=spare[-1], shape=others[0] if others else added[i]["shape"])]))
+    return out
+
+
+def q_dependency(rng, index):
+    """The paper's dependency question: which parts account for the transition between two structures? Image 1
+    holds the parts used so far, Image 2 the structure one step later with one or two parts added; the options
+    are part sets shown alone (the right one, and sets with a colour or a shape changed, one part missing or one
+    too many, or a part that was there before). Colours are drawn from the palette, so both shape and colour
+    must be read."""
+    n_new = 1 + index % 2
+    for _ in range(500):
+        st = standard_scene(rng, yaw_deg=20)
+        colors = [str(c) for c in rng.permutation(list(S.PALETTE))[:3]]
+        for b, c in zip(st["blocks"], colors):
+            b["color"] = c
+            if rng.uniform() < 0.5:
+                insert(st, b)
+        order = [int(i) for i in rng.permutation(3)]
+        n_before = int(rng.integers(max(0, 2 - n_new), 3 - n_new + 1))
+        before_ids = {st["blocks"][i]["id"] for i in order[:n_before]}
+        added_ids = {st["blocks"][i]["id"] for i in order[n_before:n_before + n_new]}
+        after = {"board": st["board"], "blocks": [b for b in st["blocks"] if b["id"] in before_ids | added_ids]}
+        before = {"board": st["board"], "blocks": [b for b in st["blocks"] if b["id"] in before_ids]}
+        added = [b for b in after["blocks"] if b["id"] in added_ids]
+        entries = [(added, True)]
+        seen = {S.canonical(part_key(added))}
+        pool = _part_distractors(rng, added, before["blocks"], colors)
+        for _kind, parts in (pool[int(j)] for j in rng.permutation(len(pool))):
+            if len(entries) == 4:
+                break
+            if S.canonical(part_key(parts)) not in seen:
+                seen.add(S.canonical(part_key(parts)))
+                entries.append((parts, False))
+        if len(entries) == 4:
+            break
+    else:
+        raise RuntimeError("dependency: no part sets")
+    labels, sets, answer = _shuffle(rng, entries)
+    images = [_img("Image 1", "before", before), _img("Image 2", "after", after)]
+    for lab, parts in zip(labels, sets):
+        parts = [dict(b, id=f"p{j}") for j, b in enumerate(parts)]
+        images.append(_img(lab, "candidate", S.part_state(parts, st["board"]), "part"))
+    prompt = ("Images 1 and 2 show the same assembly before and after one step. Images A-D each show a set of "
+              "parts. Which set holds exactly the parts added in that step? " + _letters_prompt(labels))
+    return _choice_item("dependency", prompt, {lab: f"image {lab}" for lab in labels}, answer, images,
+                        {"parts_added": len(added)})
 
 
 # ----------------------------------------------------------------- 9-11: stacked-block domain
@@ -548,5 +624,5 @@ GENERATORS = {
 }
 
 CHANCE = {"height": 1 / 2, "adjacency": 1 / 2, "rotation": 1 / 4, "multiview": 1 / 4, "rotation_status": 1 / 2,
-          "position": 1 / 3, "next_step": 1 / 4, "dependency": 1 / 4, "backwards": 1 / 4, "ordering": 1 / 24,
+          "position": 1 / 4, "next_step": 1 / 4, "dependency": 1 / 4, "backwards": 1 / 4, "ordering": 1 / 24,
           "outlier": 1 / 4}

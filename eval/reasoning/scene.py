@@ -48,7 +48,23 @@ CAMERAS = {
     "robot": ((-0.56, 0.0, 0.40), (-0.02, 0.0, 0.0)),  # from the robot's base
     "top": ((-0.05, 0.0, 0.62), (-0.049, 0.0, 0.0)),
     "plan": ((0.40, 0.0, 0.58), (-0.13, 0.0, 0.02)),  # planning scenes: the 3x3 board and the stacks behind it
+    "part": ((0.10, 0.0, 0.24), (-0.12, 0.0, 0.0)),  # a close view of parts alone (see part_state)
 }
+PART_XY = (-0.12, 0.0)  # where part_state puts its parts: the "part" camera's target
+PART_SPACING = 0.075
+PARKED_BOARD = (3.0, 0.0)  # a part image's board: on the table behind the "part" camera, out of view
+
+
+def part_state(blocks: list[dict], board: dict) -> dict:
+    """A picture of parts alone (LEGO instructions' part call-out): ``blocks`` side by side on the table at
+    the "part" camera's target, the board moved out of view, yaws kept."""
+    n = len(blocks)
+    out = []
+    for i, b in enumerate(blocks):
+        dy = (i - (n - 1) / 2) * PART_SPACING
+        out.append(dict(b, x=PART_XY[0], y=PART_XY[1] + dy, z=Z_TABLE))
+    return {"board": dict(board, x=PARKED_BOARD[0], y=PARKED_BOARD[1], cells=[list(c) for c in board["cells"]]),
+            "blocks": out}
 
 
 def block_name(block: dict) -> str:
