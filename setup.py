@@ -44,7 +44,9 @@ setup(
         "jax": ["jax", "flax", "orbax-checkpoint", "sentencepiece", "msgpack"],
         # eval.run --executor ray: plain ray is enough (ray[default] only adds the dashboard); checked with 2.60
         "ray": ["ray>=2.9"],
-        "dev": ["pytest", "pytest-timeout"],
+        # transformers: the T5 encoder and tokenizer cross-checks against Hugging Face's reference (tests
+        # only; they build tiny models and tokenizers locally, nothing is downloaded); it uses the CPU torch
+        "dev": ["pytest", "pytest-timeout", "transformers>=5,<6"],
         # eval.remote / eval.serve: the WebSocket transport and msgpack codecs of the openpi and vla-eval
         # protocols; vla-eval (0.8 checked) for its model-server base class, client and image codec in the tests.
         # openpi-client (0.1.2) is not listed: it declares numpy<2, which JAX here excludes, while the modules
