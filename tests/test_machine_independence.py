@@ -1,4 +1,5 @@
-"""What is hashed or locked is the same on every CPU: the dev task list and the reasoning set's states,
+"""What is hashed or locked is the same on every CPU: the dev task list, the reasoning set's states and the
+generation set's states,
 derived in subprocesses under other OpenBLAS kernels (``OPENBLAS_CORETYPE``) and the machine's own, must
 give identical bytes, and the committed ones."""
 import json
@@ -14,13 +15,15 @@ KERNELS = ("", "Prescott", "Haswell")  # "": the kernel OpenBLAS picks for this 
 DERIVE = """
 import hashlib
 from env import tasklist
+from eval.reasoning import genset
 from eval.reasoning.build import states_sha256
 print(hashlib.sha256(tasklist.serialise(tasklist.build("dev"))).hexdigest())
 print(states_sha256())
+print(genset.states_sha256())
 """
 
 
-def test_dev_split_and_reasoning_states_are_identical_under_every_blas_kernel():
+def test_dev_split_and_reasoning_sets_states_are_identical_under_every_blas_kernel():
     procs = {}
     for kernel in KERNELS:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OPENBLAS_")}
@@ -34,7 +37,9 @@ def test_dev_split_and_reasoning_states_are_identical_under_every_blas_kernel():
         assert proc.returncode == 0, f"OPENBLAS_CORETYPE={kernel!r}: {stderr[-2000:]}"
         out[kernel] = stdout.split()
     assert len(set(map(tuple, out.values()))) == 1, out
-    dev_sha, states_sha = out[""]
+    dev_sha, states_sha, gen_states_sha = out[""]
     assert dev_sha == tasklist.read_lock()["splits"]["dev"]["sha256"]
     manifest = json.loads((REPO_ROOT / "results" / "reasoning" / "manifest.json").read_text())
     assert states_sha == manifest["sha256_states"]
+    gen_manifest = json.loads((REPO_ROOT / "results" / "reasoning" / "generation" / "manifest.json").read_text())
+    assert gen_states_sha == gen_manifest["sha256_states"]

@@ -118,6 +118,26 @@ def _all_refs(case):
             yield from refs
 
 
+def _cases_with_paths(seed, ks, per_k, size) -> tuple[list[dict], dict[str, dict]]:
+    """The cases with every reference's image file named, and {path: state} of the distinct images."""
+    cases = generate_cases(seed, ks, per_k)
+    todo: dict[str, dict] = {}
+    for case in cases:
+        for ref in _all_refs(case):
+            ref["path"] = f"img/{S.image_key(ref['state'], CAMERA, size)}.png"
+            todo.setdefault(ref["path"], ref["state"])
+    return cases, todo
+
+
+def _cases_jsonl(cases) -> bytes:
+    return "".join(json.dumps(c, sort_keys=True) + "\n" for c in cases).encode()
+
+
+def states_sha256(seed=0, ks=KS, per_k=20, size=S.IMAGE_SIZE) -> str:
+    """``sha256_states`` of the set ``build`` would write, without rendering: the machine-independent hash."""
+    return hashlib.sha256(_cases_jsonl(_cases_with_paths(seed, ks, per_k, size)[0])).hexdigest()
+
+
 def build(out, seed=0, ks=KS, per_k=20, size=S.IMAGE_SIZE, progress=True, renderer=None) -> dict:
     """Cases, reference renders (valid and invalid states), calibration and a manifest with the sha256."""
     from tqdm import tqdm
@@ -127,12 +147,7 @@ def build(out, seed=0, ks=KS, per_k=20, size=S.IMAGE_SIZE, progress=True, render
     t0 = time.monotonic()
     out = Path(out)
     (out / "img").mkdir(parents=True, exist_ok=True)
-    cases = generate_cases(seed, ks, per_k)
-    todo: dict[str, dict] = {}
-    for case in cases:
-        for ref in _all_refs(case):
-            ref["path"] = f"img/{S.image_key(ref['state'], CAMERA, size)}.png"
-            todo.setdefault(ref["path"], ref["state"])
+    cases, todo = _cases_with_paths(seed, ks, per_k, size)
     renderer = renderer or S.Renderer(size=size)
     images: dict[str, bytes] = {}
     for path in tqdm(sorted(todo), desc="rendering", unit="img", disable=not progress):
@@ -143,7 +158,7 @@ def build(out, seed=0, ks=KS, per_k=20, size=S.IMAGE_SIZE, progress=True, render
     for stale in (out / "img").glob("*.png"):
         if f"img/{stale.name}" not in images:
             stale.unlink()
-    jsonl = "".join(json.dumps(c, sort_keys=True) + "\n" for c in cases).encode()
+    jsonl = _cases_jsonl(cases)
     (out / CASES_FILE).write_bytes(jsonl)
     cal = calibrate(cases, out)
     counts = {f"k{k}": sum(c["k"] == k for c in cases) for k in ks}
