@@ -18,7 +18,7 @@ help:
 	@echo "  make test    setup, then $(PY) -m pytest -q"
 	@echo "  make demo    setup, the bc-state engine, then eval.orin on 2 dev tries of A01 and B01 -> runs/demo"
 	@echo "  make lock    pin the installed versions into requirements/lock.txt (after make test passed)"
-	@echo "  make engines setup, then ONNX exports and (with a GPU and TensorRT) engines -> build/engines"
+	@echo "  make engines setup, then ONNX exports, their INT8 Q/DQ graphs (calibrated on recorded dev tries) and (with a GPU and TensorRT) engines -> build/engines"
 	@echo "Variables:"
 	@echo "  PYTHON=/usr/bin/python3   install into / run with this interpreter instead of .venv/"
 	@echo "  PYTEST_ARGS='-k foo'      extra pytest arguments for make test"
@@ -38,7 +38,7 @@ test: setup
 # the mission's command on the embedded default: the bc-state engine (ONNX; TensorRT where a GPU and
 # TensorRT exist), then the device loop on 2 dev tries of two setups, with latency per query
 demo: setup
-	$(PY) -m engines.build --models bc-state
+	$(PY) -m engines.build --models bc-state --ort-precisions fp32
 	$(PY) -m eval.orin --model bc-state --split dev --setups A01,B01 --tries 2 --out runs/demo --fresh
 
 # pin what is installed now into requirements/lock.txt (run after make test passed)

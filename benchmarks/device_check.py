@@ -70,6 +70,8 @@ TAR_TOTAL_MAX = 15 << 20  # the device tool returns files of at most 16 MiB
 TRT_TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}
 OCTO_TOLERANCE = 1e-3  # relative, GPU JAX vs CPU JAX (fp32; at "highest" precision if the default misses it)
 BC_TOLERANCE = 1e-4  # relative, torch CUDA fp32 vs torch CPU
+# relative, TensorRT INT8 vs ONNX Runtime running the same Q/DQ graph (same scales; kernels round differently)
+TRT_INT8_TOLERANCE = 5e-2
 
 WHY_MISSING = {
     "tensorrt": "tensorrt is not installed (JetPack ships it; NVIDIA's x86 wheels are over 1 GB, too big to carry "
@@ -106,6 +108,9 @@ STEPS: tuple[Step, ...] = (
     Step("dlpack", 40, "torch CUDA frames to JAX by DLPack: same memory, byte-identical, bytes counted",
          ("torch", "jax")),
     Step("onnx-trt", 150, "ONNX export, ONNX Runtime reference, TensorRT FP32/FP16 engines: parity, latency",
+         ("torch", "onnx", "onnxruntime", "jax", "jax2onnx"), ("tensorrt",)),
+    Step("trt-int8-qdq", 150, "INT8 Q/DQ graphs of bc-state and the octo-small backbone (engines.quantize): ONNX "
+         "Runtime int8 vs fp32, and the TensorRT INT8 engine built from the same Q/DQ graph: parity, latency",
          ("torch", "onnx", "onnxruntime", "jax", "jax2onnx"), ("tensorrt",)),
     Step("gpu-physics", 150, "scripted reference on CPU PhysX vs one GPU-PhysX batch (A01..A04)", SIM, (),
          internal=False),
@@ -586,6 +591,85 @@ def check_graph(name: str, path: Path, feeds: dict, ctx: StepContext, reason: st
     return rows
 
 
+def _int8_calibration(name: str, path: Path, feeds: dict, ctx: StepContext):
+    """The recorded dev-split calibration where it was carried (build/octo_queries; octo: its first 16 queries),
+    else 8 synthetic feeds around ``feeds`` (named and hashed as such)."""
+    from engines import quantize
+
+    recorded = quantize.BC_CALIB if name == "bc-state" else quantize.OCTO_CALIB
+    if recorded.is_file() and not ctx.dry_run:
+        if name == "bc-state":
+            return quantize.bc_calibration(recorded)
+        from engines.octo.config import octo_small_config
+
+        return quantize.octo_calibration(octo_small_config(), recorded, limit=16)
+    rs = np.random.default_rng(2)
+    rows = []
+    for _ in range(8):
+        rows.append({k: (rs.integers(0, 256, v.shape, dtype=np.uint8) if v.dtype == np.uint8 else
+                         (v + 0.1 * rs.standard_normal(v.shape) * (np.abs(v).max() or 1)).astype(v.dtype))
+                     for k, v in feeds.items()})
+    digest = quantize.arrays_sha256({f"{i}/{k}": v for i, r in enumerate(rows) for k, v in r.items()})
+    return quantize.Calibration(f"synthetic: 8 feeds around the step's own (seed 2), {name}", digest, lambda: rows, 8)
+
+
+def step_trt_int8_qdq(ctx: StepContext) -> int:
+    """INT8 from one Q/DQ graph on both runtimes: ONNX Runtime on the CPU and a TensorRT engine."""
+    from engines import quantize, trt
+    from engines.backends import rel_err
+    from engines.runners import OnnxRuntimeRunner, TensorRtRunner
+
+    reason = trt.unavailable_reason()
+    if ctx.dry_run and reason is None:
+        reason = "dry run"
+    if reason and not ctx.dry_run:
+        return ctx.skip(reason)
+    path, feeds, _ = _bc_state_onnx(ctx.work)
+    graphs = [("bc-state", path, feeds)]
+    graphs += [(f"octo-small {part}", p, f) for part, p, f in _octo_onnx(ctx) if part == "backbone"]
+    warmup, queries = (2, 5) if ctx.dry_run else (10, 50)
+    for name, fp32, f in graphs:
+        cal = _int8_calibration(name.split()[0], fp32, f, ctx)
+        t0 = time.monotonic()
+        q = quantize.quantize_int8(fp32, fp32.with_name(f"{fp32.stem}.int8.onnx"), cal, weights_digest="device-check")
+        ctx.emit({"kind": "int8-graph", "model": name, "onnx": str(q), "calibration": cal.name,
+                  "calibration_sha256": cal.sha256, "quantize_s": round(time.monotonic() - t0, 1)})
+        with OnnxRuntimeRunner(fp32, "cpu", intra_op_threads=0) as r:
+            ref = r.infer(f)
+        with OnnxRuntimeRunner(q, "cpu", intra_op_threads=0) as r:
+            ort8 = r.infer(f)
+            for _ in range(min(queries, 10)):
+                r.infer(f)
+            ctx.emit({"model": name, "backend": "ort-cpu int8 (Q/DQ)", "status": "ok",
+                      "rel_err_vs_ort_fp32": {k: rel_err(ort8[k], ref[k]) for k in ref}, "ms": _stats(r.latencies_ms[1:])})
+        row = {"model": name, "backend": "tensorrt int8 (Q/DQ)"}
+        if reason:
+            ctx.emit({**row, "status": "skipped", "reason": reason})
+            continue
+        try:
+            t0 = time.monotonic()
+            engine = trt.build_engine(q, ctx.work / "engines", q.stem.replace(".", "_"), "int8", 1,
+                                      timing_cache=ctx.work / "engines" / "timing.cache")
+            build_s = time.monotonic() - t0
+            with TensorRtRunner(engine, expected_key=trt.system_key(q, "int8", 1)) as runner:
+                out = runner.infer(f)
+                for _ in range(warmup):
+                    runner.infer(f)
+                gpu = []
+                for _ in range(queries):
+                    runner.infer(f)
+                    gpu.append(runner.last_gpu_ms)
+            errs = {k: rel_err(out[k], ort8[k]) for k in ort8}
+            within = max(errs.values()) <= TRT_INT8_TOLERANCE
+            ctx.emit({**row, "status": "ok" if within else "parity-failed", "rel_err_vs_ort_int8": errs,
+                      "rel_err_vs_ort_fp32": {k: rel_err(out[k], ref[k]) for k in ref},
+                      "tolerance": TRT_INT8_TOLERANCE, "engine": str(engine), "build_s": round(build_s, 1),
+                      "cuda_events_ms": _stats(gpu)})
+        except Exception as e:  # noqa: BLE001 - recorded, the next graph goes on
+            ctx.emit({**row, "status": "failed", "reason": one_line(e)})
+    return 0
+
+
 INTERNAL: dict[str, Callable[[StepContext], int]] = {
     "system": step_system,
     "jax-octo-small": lambda ctx: step_jax_octo(ctx, "octo-small"),
@@ -593,6 +677,7 @@ INTERNAL: dict[str, Callable[[StepContext], int]] = {
     "bc-state-torch": step_bc_state,
     "dlpack": step_dlpack,
     "onnx-trt": step_onnx_trt,
+    "trt-int8-qdq": step_trt_int8_qdq,
 }
 
 

@@ -11,6 +11,12 @@ an activated runner with the ``activate`` / ``infer`` / ``deactivate`` interface
   1..``max_batch`` (opt 1), cached under ``<cache>/engines`` with a shared timing cache, and checked against
   its sidecar key on every load (:mod:`engines.trt`).
 
+Precision applies to ``ort`` too (:mod:`engines.quantize`): ``int8`` runs the Q/DQ INT8 graph ``make engines``
+built beside the fp32 one (Octo: the backbone; its sampler, 1% of a query, stays fp32); on ``trt``, ``int8``
+builds its engine from that same Q/DQ graph where one exists. ``bf16`` on ``ort`` is refused in one line
+(ONNX Runtime's CPU provider has no bfloat16 MatMul/Gemm kernels), as is every precision on ``jax``/``torch``
+but fp32.
+
 Where ONNX files are cached is here too (:func:`onnx_cache_dir`), and :func:`rel_err`, the one measure of
 output agreement between backends that tests and device checks use.
 """
@@ -37,7 +43,7 @@ class BackendUnavailable(ValueError):
 @dataclass(frozen=True)
 class BackendSpec:
     backend: str = "ort"
-    precision: str = "fp32"  # TensorRT only: fp32, fp16, int8, fp8
+    precision: str = "fp32"  # ort: fp32, int8 (Q/DQ graph; bf16 refused: no CPU kernels); trt: fp32, fp16, int8, fp8
     max_batch: int = 1  # TensorRT only: the largest batch of the engine's profile
     threads: int | None = None  # ONNX Runtime only: intra-op threads (None: this process's cores)
 
@@ -132,6 +138,7 @@ def model_runner(model: str, spec: BackendSpec, *, weights: str | Path | None = 
     family = model_family(model)
     model_backend(model, spec.backend)
     _check_available(spec.backend)
+    _check_precision(spec)
     if family == "bc-state":
         from engines.bc_mlp import load, numpy_forward, onnx_for_weights
         from engines.onnx_utils import sha256_file
@@ -141,7 +148,11 @@ def model_runner(model: str, spec: BackendSpec, *, weights: str | Path | None = 
 
             net, _, _ = load(weights)
             return CallableRunner("torch", lambda state: {"action": numpy_forward(net, state)}).activate()
-        return make_runner(onnx_for_weights(weights, sha256_file(weights)), spec)
+        digest = sha256_file(weights)
+        from engines.octo.export import BUILD_DIR
+
+        graph = _graph_for(spec, onnx_for_weights(weights, digest), digest, "bc-state", (BUILD_DIR / "bc_state.onnx",))
+        return make_runner(graph, spec)
     from engines.octo.runners import JaxOcto, OnnxOcto
 
     if spec.backend == "jax":
@@ -151,7 +162,43 @@ def model_runner(model: str, spec: BackendSpec, *, weights: str | Path | None = 
 
     require("onnx", "export")
     onnx = onnx_for_engine(engine)
-    return OnnxOcto(engine.cfg, make_runner(onnx.backbone, spec), make_runner(onnx.sampler, spec)).activate()
+    backbone = onnx.backbone
+    sampler_spec = spec
+    if spec.precision == "int8":
+        from dataclasses import replace
+
+        from engines.octo.export import BUILD_DIR, file_stem, params_digest
+
+        backbone = _graph_for(spec, onnx.backbone, params_digest(engine.params), engine.cfg.name,
+                              (BUILD_DIR / f"{file_stem(engine.cfg.name)}_backbone.onnx",))
+        sampler_spec = replace(spec, precision="fp32")  # the sampler stays fp32 (engines.quantize)
+    return OnnxOcto(engine.cfg, make_runner(backbone, spec), make_runner(onnx.sampler, sampler_spec)).activate()
+
+
+def _check_precision(spec: BackendSpec) -> None:
+    from engines.quantize import PrecisionUnavailable, check_precision
+
+    try:
+        check_precision(spec.backend, spec.precision)
+    except PrecisionUnavailable as e:
+        raise BackendUnavailable(str(e)) from None
+
+
+def _graph_for(spec: BackendSpec, fp32: Path, weights_digest: str, model: str, more: tuple = ()) -> Path:
+    """The graph ``spec`` runs: ``fp32`` itself, or for int8 its Q/DQ copy (beside it, or beside ``more``'s
+    files) built for these weights; ort without one is one line saying how to build it, trt without one
+    builds TensorRT's own INT8 from the fp32 graph (TensorRT 10; 11 refuses it in one line)."""
+    if spec.precision != "int8":
+        return fp32
+    from engines.quantize import find_int8, int8_name
+
+    found = find_int8([int8_name(p) for p in (fp32, *more)], weights_digest, fp32)
+    if found is not None:
+        return found
+    if spec.backend == "trt":
+        return fp32
+    raise BackendUnavailable(f"no INT8 graph of {model} for weights {weights_digest[:16]}; build it with: "
+                             f"python -m engines.build --models {model}")
 
 
 def rel_err(a, ref) -> float:

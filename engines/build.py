@@ -4,6 +4,7 @@
     python -m engines.build --precisions fp32,fp16 --batch-max 8
     python -m engines.build --models octo-small --checkpoint-octo-small ~/octo-small-1.5
     python -m engines.build --models octo-small --onnx-from DIR   # a Jetson: engines from graphs made on x86
+    python -m engines.build --models bc-state --ort-precisions fp32  # no INT8 graphs
 
 Prints a table of what was built, where, and why anything was skipped.
 Outputs go to build/engines/ (ignored by git). Octo (octo-small, octo-base) is
@@ -12,6 +13,12 @@ else from seeded random weights of the exact architecture, marked latency-only
 in the table and in the ONNX metadata. Nothing is downloaded. ``--onnx-from DIR`` takes Octo's two graphs
 exported elsewhere (``<model>_backbone.onnx``, ``<model>_sampler.onnx``, e.g. from an x86 machine with JAX)
 instead of exporting them, so that a machine without JAX (the Jetson image) builds their TensorRT engines.
+
+Beside each fp32 graph it builds the INT8 Q/DQ graph ONNX Runtime runs as ``--precision int8``
+(``<stem>.int8.onnx``, :mod:`engines.quantize`; Octo: the backbone), calibrated on the benchmark's own dev
+tries (``build/octo_queries/``: recorded first when missing, ``python -m benchmarks.record_queries``), and
+keyed by the weights' digest and the calibration's sha256 (rebuilt only when either changes). BF16 is listed
+as skipped with the reason (ONNX Runtime's CPU provider has no bfloat16 kernels).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import argparse
 import sys
 from pathlib import Path
 
-OUT = Path("build/engines")
+from engines.octo.export import BUILD_DIR as OUT  # build/engines of this checkout
 
 
 def _bc_state_onnx(out: Path, args) -> list[tuple[str, Path, str]]:
@@ -89,6 +96,55 @@ class Skipped(Exception):
 
 
 EXPORTS = {"bc-state": _bc_state_onnx, "octo-small": _octo_onnx("octo-small"), "octo-base": _octo_onnx("octo-base")}
+ORT_PRECISIONS = ("fp32", "int8", "bf16")
+
+
+def _calibration(model: str, progress: bool = True):
+    """The model's calibration set, recorded from dev tries first when its file is missing."""
+    from engines import quantize
+
+    path = quantize.BC_CALIB if model == "bc-state" else quantize.OCTO_CALIB
+    if not path.is_file():
+        from benchmarks import record_queries as rq
+
+        if model == "bc-state":
+            arrays = rq.record_bc_states(rq.BC_CALIB_TRIES, progress=progress)
+            info = {"model": "bc-state", "backend": "ort", "precision": "fp32", "tries": rq.BC_CALIB_TRIES}
+        else:
+            arrays = rq.record(rq.CALIB_TRIES, progress=progress)
+            info = {"model": rq.MODEL, "random_weights": True, "backend": "jax", "tries": rq.CALIB_TRIES}
+        rq.save(arrays, path, {**info, "split": rq.SPLIT, "command": quantize.RECORD_COMMAND[path.name]})
+    if model == "bc-state":
+        return quantize.bc_calibration(path)
+    from engines.octo.config import PRESETS
+
+    return quantize.octo_calibration(PRESETS[model](), path)
+
+
+def _int8(name: str, built: list[tuple[str, Path, str]], onnx_from: str | None = None) -> tuple[str, Path]:
+    """(artifact, path) of the INT8 Q/DQ graph of the model's quantized graph (Octo: the backbone). With
+    ``onnx_from`` (no JAX here to record calibration queries) Octo's INT8 graph must come with the fp32 ones."""
+    from engines import quantize
+    from engines.onnx_utils import metadata, sha256_file
+
+    part, path = next((a, p) for a, p, _ in built if a in ("onnx", "onnx backbone"))
+    artifact = f"onnx int8{part.removeprefix('onnx')}"
+    if name == "bc-state":
+        from engines.bc_mlp import DEFAULT_WEIGHTS
+
+        digest = sha256_file(DEFAULT_WEIGHTS)
+    else:
+        digest = metadata(path)["params_sha256"]
+        if onnx_from:
+            q = quantize.int8_name(path)
+            if not q.is_file():
+                raise Skipped(f"no {q}: its calibration queries come from JAX rollouts; build it where the graphs "
+                              f"were exported (python -m engines.build --models {name}) and copy {q.name} beside them")
+            if not quantize.int8_matches(q, digest, source=path):
+                raise ValueError(f"{q} is not the INT8 graph of {path.name}'s weights (or of another export or "
+                                 "quantization pass); build both again where they were exported")
+            return artifact, q
+    return artifact, quantize.int8_graph(path, _calibration(name), weights_digest=digest)
 
 
 def main(argv=None) -> int:
@@ -96,6 +152,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--models", default=",".join(EXPORTS), help=f"comma-separated, of: {', '.join(EXPORTS)}")
     p.add_argument("--precisions", default="fp32,fp16", help="TensorRT precisions (fp32, fp16, int8, fp8)")
+    p.add_argument("--ort-precisions", default=",".join(ORT_PRECISIONS), help="ONNX Runtime graphs: fp32 (the "
+                   "export), int8 (its Q/DQ copy, calibrated on dev tries), bf16 (listed as skipped: no CPU kernels)")
     p.add_argument("--batch-max", type=int, default=1, help="largest batch of the optimisation profile")
     p.add_argument("--checkpoint-octo-small", metavar="DIR", help="octo-small-1.5 checkpoint (default: random "
                    "weights, latency only)")
@@ -119,6 +177,12 @@ def main(argv=None) -> int:
     if bad:
         print(f"error: unknown precision {', '.join(bad)}; valid: {', '.join(trt.PRECISIONS)}", file=sys.stderr)
         return 2
+    ort_precisions = [x for x in args.ort_precisions.split(",") if x]
+    bad = [x for x in ort_precisions if x not in ORT_PRECISIONS]
+    if bad:
+        print(f"error: unknown ONNX Runtime precision {', '.join(bad)}; valid: {', '.join(ORT_PRECISIONS)}",
+              file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -134,6 +198,18 @@ def main(argv=None) -> int:
             continue
         for artifact, path, note in built:
             rows.append((name, artifact, "built", f"{path}{note}"))
+        if "int8" in ort_precisions:
+            try:
+                artifact, path = _int8(name, built, args.onnx_from if name in ("octo-small", "octo-base") else None)
+                rows.append((name, artifact, "built", str(path)))
+            except Skipped as e:
+                rows.append((name, "onnx int8", "skipped", str(e)))
+            except Exception as e:  # noqa: BLE001
+                rows.append((name, "onnx int8", "failed", (str(e).strip().splitlines() or [type(e).__name__])[0]))
+        if "bf16" in ort_precisions:
+            from engines.quantize import ort_bf16_reason
+
+            rows.append((name, "onnx bf16", "skipped", ort_bf16_reason() or "this project builds no bf16 graph"))
         for artifact, path, _ in built:
             part = artifact.removeprefix("onnx").strip()
             for precision in precisions:

@@ -93,7 +93,11 @@ class OnnxRuntimeRunner(Runner):
 
     ``providers``: provider names, or one of "cpu", "cuda", "tensorrt" (see ``ORT_PROVIDERS``).
     ``intra_op_threads`` 0 lets ORT pick (one per physical core). ``optimization``: "all", "extended",
-    "basic" or "disable" (ORT graph optimisation level).
+    "basic" or "disable" (ORT graph optimisation level). ``rewrite`` (CPU provider only): run the graph as
+    rewritten by :func:`engines.octo.optimize.ort_optimized` (fused LayerNormalization, FastGelu,
+    MultiHeadAttention, Gemm biases, static reshapes; a cached copy, same outputs), the graph that
+    ``--backend ort`` and ``benchmarks.octo_ort_vs_jax`` time; ``loaded_path`` is the file ORT loaded.
+    ``session_config``: extra ``SessionOptions.add_session_config_entry`` pairs.
     """
 
     name = "ort"
@@ -101,7 +105,7 @@ class OnnxRuntimeRunner(Runner):
 
     def __init__(self, onnx_path: str | Path, providers: tuple[str, ...] | str = ("CPUExecutionProvider",),
                  intra_op_threads: int = 1, optimization: str = "all", provider_options: list[dict] | None = None,
-                 log_severity: int = 3) -> None:
+                 log_severity: int = 3, rewrite: bool = True, session_config: dict[str, str] | None = None) -> None:
         super().__init__()
         self.onnx_path = Path(onnx_path)
         self.providers = ort_providers(providers) if isinstance(providers, str) else tuple(providers)
@@ -111,6 +115,9 @@ class OnnxRuntimeRunner(Runner):
         self.optimization = optimization
         self.provider_options = provider_options
         self.log_severity = log_severity  # 3 = errors only: ORT warns about every folded initializer
+        self.rewrite = rewrite and self.providers == ("CPUExecutionProvider",)
+        self.session_config = dict(session_config or {})
+        self.loaded_path = self.onnx_path
 
     def _activate(self) -> None:
         ort = require("onnxruntime", "export")
@@ -124,14 +131,25 @@ class OnnxRuntimeRunner(Runner):
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = self.intra_op_threads
         opts.log_severity_level = self.log_severity
+        for key, value in self.session_config.items():
+            opts.add_session_config_entry(key, str(value))
         opts.graph_optimization_level = {
             "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[self.optimization]
         kwargs = {"provider_options": self.provider_options} if self.provider_options else {}
+        self.loaded_path = self.onnx_path
+        if self.rewrite:
+            from engines.octo.optimize import ort_optimized
+            from engines.optional import MissingDependencyError
+
+            try:
+                self.loaded_path = ort_optimized(self.onnx_path)
+            except MissingDependencyError:  # onnx (the export extra) absent: the graph as exported
+                self.loaded_path = self.onnx_path
         try:
-            self.session = ort.InferenceSession(str(self.onnx_path), opts, providers=list(self.providers), **kwargs)
+            self.session = ort.InferenceSession(str(self.loaded_path), opts, providers=list(self.providers), **kwargs)
         except Exception as e:  # noqa: BLE001 - ORT raises its own exception types
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise RuntimeError(f"ONNX Runtime cannot load {self.onnx_path} ({first})") from None

@@ -14,8 +14,9 @@ TensorRT 10 and 11 differ in how precision is chosen:
 - TensorRT 11 removed those flags (and ``platform_has_fast_fp16/int8``): every network is
   strongly typed, so the precision is the ONNX graph's. An fp16 engine is built from an fp16
   copy of the graph (:func:`fp16_graph`: float16 weights and activations, float32 inputs and
-  outputs through Cast nodes), cached beside the engine; int8 and fp8 would need Q/DQ nodes
-  in the graph, which this project does not make, so they are refused there.
+  outputs through Cast nodes), cached beside the engine; int8 is built from a Q/DQ graph
+  (:mod:`engines.quantize`'s ``<stem>.int8.onnx``, explicit quantization; on TensorRT 10 the
+  same graph with the INT8 flag), and a graph without Q/DQ nodes is refused there, as is fp8.
 
 The optimisation profile (min/opt/max shape of every input) is part of the key
 and of the file name: the batch (axis 0) runs 1..``batch_max``; every other
@@ -428,9 +429,12 @@ def build_engine(onnx_path: str | Path, out_dir: str | Path, name: str, precisio
     typed = strongly_typed(trt)
     what = f"{onnx_path.name} ({precision}, TensorRT {trt.__version__})"
     if typed and precision in ("int8", "fp8"):
-        raise TensorRTUnavailable(f"TensorRT {trt.__version__} builds {precision} only from a graph with Q/DQ "
-                                  "nodes (explicit quantization), which this project does not export; "
-                                  "use fp16 or fp32")
+        from engines.quantize import has_qdq
+
+        if precision == "fp8" or not has_qdq(onnx_path):
+            raise TensorRTUnavailable(f"TensorRT {trt.__version__} builds {precision} only from a graph with Q/DQ "
+                                      "nodes (explicit quantization): for int8, the Q/DQ graph make engines builds "
+                                      "(<stem>.int8.onnx, engines.quantize); else use fp16 or fp32")
     graph_path = onnx_path
     if key.graph == FP16_GRAPH:
         graph_path = fp16_graph(onnx_path, out_dir / f"{name}_{key.onnx_sha256[:12]}.fp16.onnx")

@@ -80,6 +80,12 @@ class ReplayLatencyPolicy(Policy):
         self.current: np.ndarray | None = None
         self.delays: list[int] = []
 
+    def set_start(self, start) -> None:
+        self.inner.set_start(start)
+
+    def record_fields(self) -> dict:
+        return self.inner.record_fields()
+
     def reads_observation(self, step: int) -> bool:
         return self.inner.reads_observation(step)
 

@@ -278,7 +278,8 @@ def rollout(scenes: Scenes, members: Sequence[Policy], split: str, try_indices: 
     if n > 1:
         members[0].prepare_batch(n)
     scenes.reset(seeds, starts)
-    for m, instruction, seed in zip(members, scenes.instructions, seeds):
+    for m, instruction, seed, start in zip(members, scenes.instructions, seeds, starts):
+        m.set_start(start)
         m.reset(instruction, seed=seed)
         m.latencies_ms, m.warmup_ms = [], []
     writers = [None] * n

@@ -62,10 +62,16 @@ def build_parser(prog: str = "python -m eval.run", description: str | None = Non
                    "weights: latency only, success meaningless")
     m.add_argument("--exec-horizon", type=int, help="actions executed per query from a predicted chunk")
     m.add_argument("--temporal-ensembling", action="store_true", help="average overlapping action chunks")
+    m.add_argument("--goal-image", metavar="FILE|solved", help="Octo: condition on a goal image as well as the "
+                   "instruction: a PNG/JPEG file, or 'solved' (each try's start rendered with its blocks in their "
+                   "holes); default: language only")
     from engines.backends import MODEL_BACKENDS
 
     m.add_argument("--backend", help="runtime backend of the model (" + "; ".join(
         f"{family}: {', '.join(b)}, default {b[0]}" for family, b in MODEL_BACKENDS.items()) + ")")
+    m.add_argument("--precision", help="numeric precision of the model's graphs: ort fp32 (default) or int8 (the "
+                   "Q/DQ graph make engines builds; bf16 is refused: ONNX Runtime's CPU has no bf16 kernels); trt "
+                   "fp32, fp16, int8, fp8 (default: the model's own); jax and torch fp32")
     m.add_argument("--replay-latency", metavar="FILE", help="delay every action by a latency drawn from a measured "
                    "profile (a tries.jsonl with infer_ms): what a device's latency does to success")
     r = p.add_argument_group("remote model (--model remote; see eval.remote)")
@@ -152,6 +158,8 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
 
             load_profile(args.replay_latency)  # a bad profile fails here in one line, not in every worker
             options["replay_latency"] = str(Path(args.replay_latency).resolve())
+        if options.get("goal_image") not in (None, "solved"):  # workers (and Ray actors) read it by absolute path
+            options["goal_image"] = str(Path(options["goal_image"]).expanduser().resolve())
         extra = sorted(set(options) - set(spec.options))
         if extra:
             raise ValueError(f"{spec.name} takes no {', '.join('--' + o.replace('_', '-') for o in extra)}")

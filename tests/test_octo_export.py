@@ -102,8 +102,9 @@ def test_graph_interface_and_metadata(exported):
             assert dims[0].dim_param and all(d.dim_value > 0 for d in dims[1:])
     elem = {i.name: i.type.tensor_type.elem_type for i in bb.graph.input}
     assert list(elem) == backbone_input_names(cfg) == ["image_primary", "image_wrist", "lang_embedding", "masks",
-                                                       "lang_mask"]
-    assert [elem[n] for n in elem] == [onnx.TensorProto.UINT8] * 2 + [onnx.TensorProto.FLOAT] * 3  # float masks
+                                                       "lang_mask", "goal_primary", "goal_wrist"]
+    assert [elem[n] for n in elem] == ([onnx.TensorProto.UINT8] * 2 + [onnx.TensorProto.FLOAT] * 3  # float masks
+                                       + [onnx.TensorProto.UINT8] * 2)  # goal images (tests/test_octo_goal.py)
     assert [o.name for o in bb.graph.output] == ["readout"]
     assert [i.name for i in sm.graph.input] == ["readout", "init_noise", "step_noise"]
     assert [o.name for o in sm.graph.output] == ["actions"]
@@ -163,6 +164,8 @@ def test_engines_build_takes_graphs_exported_elsewhere_without_jax(exported, tmp
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     assert "onnx backbone" in proc.stdout and "exported elsewhere" in proc.stdout and "random weights" in proc.stdout
+    int8_row = next(ln for ln in proc.stdout.splitlines() if "onnx int8" in ln)
+    assert "skipped" in int8_row and "octo_small_backbone.int8.onnx" in int8_row  # needs JAX's calibration queries
     (src / "octo_small_sampler.onnx").unlink()
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "no " in proc.stdout and "octo_small_sampler.onnx" in proc.stdout

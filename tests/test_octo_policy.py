@@ -227,7 +227,7 @@ def test_model_table_rows():
         spec = MODELS[name]
         assert spec.track == "frozen" and spec.observes == "cameras"
         assert set(spec.options) == {"checkpoint", "random_weights", "exec_horizon", "temporal_ensembling",
-                                     "backend"}
+                                     "backend", "goal_image", "precision"}
 
 
 def test_instruction_cache_memory_and_folder(tmp_path):

@@ -162,3 +162,39 @@ def test_octo_runs_batched_end_to_end(tmp_path):
     assert batch["batched_queries"] and set(batch["query_batch"]) <= {1, 2} and batch["image_bytes_per_step"] == 0
     assert len(batch["query_ms"]) + len(batch["warmup_ms"]) == -(-max(r["steps"] for r in records) // 4)
     assert steps > 0 and "Scenes stepped together" in (out / "REPORT.md").read_text()
+
+
+def test_each_policy_is_given_its_tries_start_before_reset():
+    """The rollout hands every policy its try's start (Policy.set_start) before reset: what a goal image is
+    rendered from; a wrapper (latency replay) passes it on and keeps the inner policy's record fields."""
+    from env.tasklist import load
+    from eval.latency_replay import ReplayLatencyPolicy
+    from eval.policies.sanity import HoldPolicy
+
+    class Seen(HoldPolicy):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def set_start(self, start):
+            self.calls.append(("start", start))
+
+        def reset(self, instruction, seed=None):
+            super().reset(instruction, seed)
+            if hasattr(self, "calls"):
+                self.calls.append(("reset", seed))
+
+        def record_fields(self):
+            return {"seen": len(self.calls)}
+
+    setup = get_setup("A01")
+    inner = Seen()
+    wrapped = ReplayLatencyPolicy(inner, np.array([1.0]))
+    scenes = Scenes(setup, 1, cameras=False, max_steps=3)
+    try:
+        rec = run_try(scenes, wrapped, "dev", 2)
+    finally:
+        scenes.close()
+    tl = load("dev")
+    assert inner.calls[-2:] == [("start", tl.start("A01", 2)), ("reset", tl.seed("A01", 2))]
+    assert rec.policy_fields == {"seen": len(inner.calls)}

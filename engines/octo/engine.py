@@ -6,7 +6,10 @@
     actions = engine.unnormalize(actions)                                   # dataset statistics, mask kept
 
 ``predict`` takes the noise from outside as well (``noise=(init, steps)``),
-so that other backends can be compared on exactly the same draws.
+so that other backends can be compared on exactly the same draws, and
+optionally goal images (``goals={"primary": uint8 (B | 1, H, W, 3)}``, see
+:func:`goal_arrays`); without them the task is language only, as upstream's
+zero goal images.
 
 Instruction embeddings are cached in memory per (checkpoint, tokenizer,
 instruction); with ``embed_cache_dir`` (or ``$OCTO_EMBED_CACHE``) also as
@@ -18,7 +21,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +30,7 @@ import numpy as np
 from engines.octo import checkpoint as ckpt
 from engines.octo.config import PRESETS, OctoConfig
 from engines.octo.errors import OctoCheckpointError
-from engines.octo.model import make_infer, noise_from_rng, unnormalize
+from engines.octo.model import goal_cameras, make_infer, noise_from_rng, unnormalize
 from engines.octo.params import init_params, t5_subtree, without_t5
 from engines.octo.t5 import t5_encode
 from engines.octo.text import InstructionCache, make_tokenizer
@@ -49,6 +52,32 @@ def synthetic_statistics(cfg: OctoConfig) -> dict:
               "p01": [-0.03] * a, "p99": [0.03] * a}
     return {UNNORM_KEY: {"action": action, "num_transitions": 0, "num_trajectories": 0,
                          "note": RANDOM_WEIGHTS_NOTE}}
+
+
+def goal_arrays(cfg: OctoConfig, goals, batch: int) -> dict[str, np.ndarray] | None:
+    """Goal images as the model takes them: {camera: uint8 (batch, H, W, 3)} for the cameras that stack a
+    goal (a (H, W, 3) image or a batch of one is repeated over the batch); None when no goal is given.
+    A camera without task stacking, or an image of the wrong size, is a ValueError (one line)."""
+    if not goals:
+        return None
+    stacked = {c.name: c for c in cfg.cameras if c.name in goal_cameras(cfg)}
+    out = {}
+    for name, img in goals.items():
+        if img is None:
+            continue
+        if name not in stacked:
+            raise ValueError(f"camera {name!r} takes no goal image (goal cameras of {cfg.name}: "
+                             f"{', '.join(stacked) or 'none'})")
+        a = np.asarray(img)
+        a = a[None] if a.ndim == 3 else a
+        want = (*stacked[name].image_size, 3)
+        if a.ndim != 4 or tuple(a.shape[1:]) != want or a.shape[0] not in (1, batch):
+            raise ValueError(f"goal image of camera {name!r} has shape {tuple(np.shape(img))}; "
+                             f"expected {want} or ({batch}, {', '.join(map(str, want))}) uint8")
+        if a.dtype != np.uint8:
+            raise ValueError(f"goal image of camera {name!r} is {a.dtype}, expected uint8")
+        out[name] = np.ascontiguousarray(np.broadcast_to(a, (batch, *want)))
+    return out or None
 
 
 class OctoEngine:
@@ -114,23 +143,27 @@ class OctoEngine:
         return self.cache(text)
 
     # ------------------------------------------------------------ actions
-    def predict(self, images: Sequence[Any], masks, lang, rng=None, noise: tuple[Any, Any] | None = None):
+    def predict(self, images: Sequence[Any], masks, lang, rng=None, noise: tuple[Any, Any] | None = None,
+                goals: Mapping[str, Any] | None = None):
         """Normalised action chunks (B, horizon, dim).
 
         ``images``: uint8 (B, W, H, W, 3) per camera; ``masks`` float (B, W, 1 + cameras);
         ``lang`` (B, lang_tokens, d_model); exactly one of ``rng`` (a key) or ``noise``
-        (``(init (B, horizon*dim), steps (diffusion_steps, B, horizon*dim))``).
+        (``(init (B, horizon*dim), steps (diffusion_steps, B, horizon*dim))``); ``goals``: None (language
+        only, today's computation) or {camera: uint8 goal image} (:func:`goal_arrays`).
         """
         if (rng is None) == (noise is None):
             raise ValueError("give exactly one of rng or noise")
         images = [jnp.asarray(i, jnp.uint8) for i in images]
         masks = jnp.asarray(masks, jnp.float32)
         lang = jnp.asarray(lang, jnp.float32)
+        g = goal_arrays(self.cfg, goals, int(masks.shape[0]))
+        kw = {} if g is None else {"goals": {k: jnp.asarray(v) for k, v in g.items()}}
         if noise is not None:
             out = self._infer(self.params, images, lang, masks, jnp.asarray(noise[0], jnp.float32),
-                              jnp.asarray(noise[1], jnp.float32))
+                              jnp.asarray(noise[1], jnp.float32), **kw)
         else:
-            out = self._infer_rng(self.params, images, lang, masks, rng)
+            out = self._infer_rng(self.params, images, lang, masks, rng, **kw)
         return np.asarray(out)
 
     def draw_noise(self, rng, batch: int = 1) -> tuple[np.ndarray, np.ndarray]:

@@ -8,8 +8,10 @@ Graphs (batch dimension ``B`` dynamic, every other dimension fixed):
 - ``<name>_backbone.onnx``: ``image_<camera>`` uint8 (B, window, H, W, 3) per
   camera in config order, ``lang_embedding`` float32 (B, lang_tokens, d_t5),
   ``masks`` float32 (B, window, 1 + cameras) and ``lang_mask`` float32 (B,)
-  in; ``readout`` float32 (B, d) out. Image normalisation is inside the graph;
-  the structural attention mask is a constant, only the padding masks are inputs.
+  in, then ``goal_<camera>`` uint8 (B, H, W, 3) per camera that stacks a goal
+  image (all zeros: language only, as upstream's absent goal); ``readout``
+  float32 (B, d) out. Image normalisation is inside the graph; the structural
+  attention mask is a constant, only the padding masks are inputs.
 - ``<name>_sampler.onnx``: ``readout`` (B, d), ``init_noise`` (B, horizon*dim)
   and ``step_noise`` (B, steps, horizon*dim) in; ``actions`` (B, horizon, dim)
   normalised out. The 20 reverse-diffusion steps are unrolled (no Loop node) and
@@ -42,10 +44,10 @@ import numpy as np
 from engines.octo.config import OctoConfig
 from engines.optional import require
 
-EXPORT_FORMAT = "shape-assembly-bench/octo-onnx/1"  # bump when the graphs' interface changes
+EXPORT_FORMAT = "shape-assembly-bench/octo-onnx/2"  # bump when the graphs' interface changes (2: goal_<camera>)
 DEFAULT_OPSET = 18  # ReduceMean with axes as input (jax2onnx emits it); TensorRT 8.6+/10 and ORT >= 1.14 read it
 BATCH = "B"
-BUILD_DIR = Path("build/engines")
+BUILD_DIR = Path(__file__).resolve().parents[2] / "build" / "engines"  # `make engines` writes here (engines.build)
 
 
 @dataclass(frozen=True)
@@ -66,15 +68,21 @@ class OctoOnnx:
 
 
 # ------------------------------------------------------------------ interface of the graphs
+def goal_input_names(cfg: OctoConfig) -> list[str]:
+    return [f"goal_{c.name}" for c in cfg.cameras if c.stack_task_image]
+
+
 def backbone_input_names(cfg: OctoConfig) -> list[str]:
-    return [f"image_{c.name}" for c in cfg.cameras] + ["lang_embedding", "masks", "lang_mask"]
+    return [f"image_{c.name}" for c in cfg.cameras] + ["lang_embedding", "masks", "lang_mask"] + goal_input_names(cfg)
 
 
 SAMPLER_INPUTS = ("readout", "init_noise", "step_noise")
 
 
-def backbone_feeds(cfg: OctoConfig, images: Sequence[Any], masks, lang, lang_mask=None) -> dict[str, np.ndarray]:
-    """Feeds of the backbone graph from ``OctoEngine.predict``'s arguments."""
+def backbone_feeds(cfg: OctoConfig, images: Sequence[Any], masks, lang, lang_mask=None,
+                   goals=None) -> dict[str, np.ndarray]:
+    """Feeds of the backbone graph from ``OctoEngine.predict``'s arguments (``goals``: {camera: uint8 goal
+    image}, :func:`engines.octo.engine.goal_arrays`; a camera without one is fed zeros)."""
     b = np.asarray(masks).shape[0]
     # a GPU frame (``__cuda_array_interface__``) stays on the device, for a runner that binds it by address
     feeds = {f"image_{c.name}": img if hasattr(img, "__cuda_array_interface__") else np.ascontiguousarray(img, np.uint8)
@@ -84,6 +92,12 @@ def backbone_feeds(cfg: OctoConfig, images: Sequence[Any], masks, lang, lang_mas
     feeds["masks"] = np.ascontiguousarray(masks, np.float32)
     feeds["lang_mask"] = (np.ones((b,), np.float32) if lang_mask is None
                           else np.ascontiguousarray(lang_mask, np.float32))
+    from engines.octo.engine import goal_arrays
+
+    given = goal_arrays(cfg, goals, b) or {}
+    for c in cfg.cameras:
+        if c.stack_task_image:
+            feeds[f"goal_{c.name}"] = given.get(c.name, np.zeros((b, *c.image_size, 3), np.uint8))
     return feeds
 
 
@@ -96,14 +110,16 @@ def sampler_feeds(readout, init_noise, step_noise) -> dict[str, np.ndarray]:
 
 # ------------------------------------------------------------------ the functions exported
 def backbone_fn(cfg: OctoConfig, params) -> Callable:
-    """``f(*images, lang_embedding, masks, lang_mask) -> readout`` with the weights closed over."""
-    from engines.octo.model import make_backbone
+    """``f(*images, lang_embedding, masks, lang_mask, *goals) -> readout`` with the weights closed over."""
+    from engines.octo.model import goal_cameras, make_backbone
 
     backbone = make_backbone(cfg)
     n = len(cfg.cameras)
+    goal_names = goal_cameras(cfg)
 
     def f(*args):
-        return backbone(params, list(args[:n]), args[n], args[n + 1], args[n + 2])
+        goals = dict(zip(goal_names, args[n + 3:]))
+        return backbone(params, list(args[:n]), args[n], args[n + 1], args[n + 2], goals=goals)
 
     return f
 
@@ -219,6 +235,7 @@ def export_octo(cfg: OctoConfig, params, out_dir: str | Path, name: str, *, sour
             "note": "random weights: latency only, success meaningless" if random_weights else ""}
     bb_specs = [spec(cfg.window, *c.image_size, 3, dtype=jnp.uint8) for c in cfg.cameras]
     bb_specs += [spec(cfg.lang_tokens, cfg.t5.d_model), spec(cfg.window, 1 + len(cfg.cameras)), spec()]
+    bb_specs += [spec(*c.image_size, 3, dtype=jnp.uint8) for c in cfg.cameras if c.stack_task_image]
     flat = cfg.flat_action_dim
     sm_specs = [spec(cfg.token_dim), spec(flat), spec(cfg.diffusion_steps, flat)]
     jobs = [
@@ -274,7 +291,7 @@ def onnx_for_engine(engine, search: Sequence[Path] = (BUILD_DIR,), progress: boo
         if hit:
             return hit
     folder = cache_dir()
-    keyed = f"{stem}_{digest[:16]}"
+    keyed = f"{stem}_{digest[:16]}_f{EXPORT_FORMAT.rsplit('/', 1)[-1]}"  # graphs of an older format: other files
     hit = matching_export(folder, keyed, digest)
     if hit:
         return hit

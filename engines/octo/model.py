@@ -16,7 +16,8 @@ that they export (jax2onnx) as they are:
 
 - ``backbone(params, images, lang_embedding, masks) -> readout`` (see
   :func:`make_backbone`): uint8 images in, image normalisation inside, float
-  padding masks, the structural attention mask a constant;
+  padding masks, the structural attention mask a constant; optionally goal
+  images (``goals``, see below);
 - ``denoise_step(params, readout, x_t, t, z) -> x_{t-1}`` (see
   :func:`make_denoise_step`): one reverse-diffusion step of the action head.
 
@@ -29,6 +30,17 @@ window step ``t`` (0 for the padding copies at the start of a try), then
 ``masks[b, t, 1 + k]`` says whether camera ``k`` (config order: primary, wrist)
 is present; a camera marked absent is masked out of attention as keys, which
 gives the same readout as upstream's model run without that image key.
+
+Goal images (``goals``, a mapping camera name -> uint8 (B, H, W, 3) at the
+camera's image size): every camera with ``stack_task_image`` (upstream
+``task_stack_keys``) stacks the task's goal image after the observation's 3
+channels, the same goal for every window step, before its stem; normalisation
+is per pixel, so normalising before or after the concatenation is the same. A
+camera without a goal (``goals`` None, or its name absent) stacks zeros as
+upstream does for a language-only task (``jnp.zeros_like``): exactly today's
+computation. Upstream keeps no pad mask for the goal image (the image tokens'
+mask is the observation's), and the language mask stays as given: goal and
+instruction together are upstream's ``create_tasks(goals=..., texts=...)``.
 """
 
 from __future__ import annotations
@@ -36,7 +48,7 @@ from __future__ import annotations
 import functools
 import math
 from fnmatch import fnmatch
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -228,17 +240,29 @@ def key_mask(cfg: OctoConfig, masks, lang_mask):
 
 
 # ------------------------------------------------------------------ backbone
-def embed_tokens(params, cfg: OctoConfig, images: Sequence[Any], lang_embedding, drop: Sequence[str] = ()):
-    """Input tokens (B, T, d) of the whole sequence. ``drop``: camera groups left out (reference only)."""
+def goal_cameras(cfg: OctoConfig) -> list[str]:
+    """Names of the cameras that stack a goal image (upstream ``task_stack_keys``), in config order."""
+    return [c.name for c in cfg.cameras if c.stack_task_image]
+
+
+def embed_tokens(params, cfg: OctoConfig, images: Sequence[Any], lang_embedding, drop: Sequence[str] = (),
+                 goals: Mapping[str, Any] | None = None):
+    """Input tokens (B, T, d) of the whole sequence. ``drop``: camera groups left out (reference only);
+    ``goals``: uint8 (B, H, W, 3) goal image per camera name (see the module docstring)."""
     ot = params["octo_transformer"]
     b, w = images[0].shape[:2]
     task = dense(ot["task_language_projection"], lang_embedding) + ot["task_language_pos_embedding"]
     groups = []
+    goals = goals or {}
     for cam, img in zip(cfg.cameras, images):
         if cam.name in drop:
             continue
         x = normalize_images(img)
-        if cam.stack_task_image:  # the (absent) goal image: zeros, i.e. -1 after normalisation
+        if cam.stack_task_image and goals.get(cam.name) is not None:
+            # observation channels, then the goal's (upstream's order), the same goal at every window step
+            g = normalize_images(goals[cam.name])[:, None]
+            x = jnp.concatenate([x, jnp.broadcast_to(g, x.shape)], axis=-1)
+        elif cam.stack_task_image:  # the (absent) goal image: zeros, i.e. -1 after normalisation
             x = jnp.concatenate([x, jnp.broadcast_to(jnp.asarray(-1.0, x.dtype), x.shape)], axis=-1)
         x = x.reshape(b * w, *x.shape[2:])
         tok = small_stem(ot[f"observation_tokenizers_{cam.name}"][f"{cam.encoder_name}_0"], cam, x)
@@ -276,16 +300,18 @@ def make_backbone(cfg: OctoConfig, all_timesteps: bool = False) -> Callable:
     - ``lang_embedding``: float32 (B, lang_tokens, t5.d_model), the T5 encoder output;
     - ``masks``: float32 (B, W, 1 + cameras), see the module docstring;
     - ``lang_mask``: float32 (B,), 1 when the instruction is present (default);
+    - ``goals``: None (language only: zero goal images), or uint8 (B, H, W, 3) per camera name of
+      :func:`goal_cameras` (a camera left out gets zeros);
     - returns float32 (B, d), the action readout embedding of the last window
       step (``all_timesteps``: (B, W, d)).
     """
     struct = structural_mask(cfg)
 
-    def backbone(params, images, lang_embedding, masks, lang_mask=None):
+    def backbone(params, images, lang_embedding, masks, lang_mask=None, goals=None):
         masks = jnp.asarray(masks, jnp.float32)
         if lang_mask is None:
             lang_mask = jnp.broadcast_to(jnp.float32(1.0), (masks.shape[0],))
-        x = embed_tokens(params, cfg, images, lang_embedding)
+        x = embed_tokens(params, cfg, images, lang_embedding, goals=goals)
         keys = key_mask(cfg, masks, lang_mask)
         allowed = jnp.logical_and(jnp.asarray(struct)[None, None], (keys > 0.5)[:, None, None, :])
         out = transformer(params, cfg, x, allowed)
@@ -295,7 +321,8 @@ def make_backbone(cfg: OctoConfig, all_timesteps: bool = False) -> Callable:
     return backbone
 
 
-def backbone_without(params, cfg: OctoConfig, images, lang_embedding, timestep_mask, drop: Sequence[str]):
+def backbone_without(params, cfg: OctoConfig, images, lang_embedding, timestep_mask, drop: Sequence[str],
+                     goals: Mapping[str, Any] | None = None):
     """Reference: the backbone run with camera groups left out of the sequence entirely.
 
     This is what upstream does when an observation lacks an image key (the
@@ -304,7 +331,7 @@ def backbone_without(params, cfg: OctoConfig, images, lang_embedding, timestep_m
     """
     kept = [c for c in cfg.cameras if c.name not in drop]
     per = sum(c.num_tokens for c in kept) + (cfg.lang_tokens if cfg.repeat_task_tokens else 0) + cfg.readout_tokens
-    x = embed_tokens(params, cfg, images, lang_embedding, drop=drop)
+    x = embed_tokens(params, cfg, images, lang_embedding, drop=drop, goals=goals)
     names = []
     for t in range(cfg.window):
         for c in kept:
@@ -442,16 +469,17 @@ def noise_from_rng(cfg: OctoConfig, rng, batch: int):
 
 
 def make_infer(cfg: OctoConfig, with_rng: bool = False) -> Callable:
-    """One query: backbone then sampling. ``infer(params, images, lang, masks, init_noise, step_noise)``,
-    or with ``with_rng``: ``infer(params, images, lang, masks, rng)``. Returns normalised (B, horizon, dim)."""
+    """One query: backbone then sampling. ``infer(params, images, lang, masks, init_noise, step_noise,
+    goals=None)``, or with ``with_rng``: ``infer(params, images, lang, masks, rng, goals=None)``. Returns
+    normalised (B, horizon, dim). ``goals``: see :func:`make_backbone` (None: language only)."""
     backbone, sample = make_backbone(cfg), make_sampler(cfg)
 
-    def infer(params, images, lang, masks, init_noise, step_noise):
-        return sample(params, backbone(params, images, lang, masks), init_noise, step_noise)
+    def infer(params, images, lang, masks, init_noise, step_noise, goals=None):
+        return sample(params, backbone(params, images, lang, masks, goals=goals), init_noise, step_noise)
 
-    def infer_rng(params, images, lang, masks, rng):
+    def infer_rng(params, images, lang, masks, rng, goals=None):
         init, steps = noise_from_rng(cfg, rng, masks.shape[0])
-        return infer(params, images, lang, masks, init, steps)
+        return infer(params, images, lang, masks, init, steps, goals=goals)
 
     return infer_rng if with_rng else infer
 

@@ -7,6 +7,8 @@ One query's feeds, batch first, whatever the backend::
     lang            float32 (B, lang_tokens, d_t5)
     init_noise      float32 (B, horizon * dim)
     step_noise      float32 (B, diffusion_steps, horizon * dim)
+    goal_<camera>   uint8 (B, H, W, 3), optional, per camera that stacks a goal image (upstream's
+                    task_stack_keys): the task's goal image; absent = language only (zero goal images)
 
 and its output ``{"actions": (B, horizon, dim)}``, normalised. Images may be numpy arrays or torch tensors (a
 camera frame on the GPU stays there: it reaches JAX by DLPack and TensorRT by device pointer; only a frame that
@@ -33,6 +35,12 @@ from jetson.zero_copy import CopyCounter, as_host_view, is_torch_tensor, to_jax
 
 def image_names(cfg: OctoConfig) -> list[str]:
     return [f"image_{c.name}" for c in cfg.cameras]
+
+
+def goal_feeds(cfg: OctoConfig, feeds: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The goal images among a query's feeds, {camera: (B, H, W, 3)}; None when there are none."""
+    goals = {c.name: feeds[f"goal_{c.name}"] for c in cfg.cameras if f"goal_{c.name}" in feeds}
+    return goals or None
 
 
 def padded_batch(b: int) -> int:
@@ -71,8 +79,10 @@ class JaxOcto(JaxRunner):
         images = [to_jax(feeds[n], self.copies) for n in image_names(self.cfg)]
         e = self.engine
         steps = np.swapaxes(np.asarray(feeds["step_noise"], np.float32), 0, 1)  # the model takes steps first
+        goals = goal_feeds(self.cfg, feeds)
+        kw = {} if goals is None else {"goals": {k: to_jax(v, self.copies) for k, v in goals.items()}}
         out = e._infer(e.params, images, np.asarray(feeds["lang"], np.float32), np.asarray(feeds["masks"], np.float32),
-                       np.asarray(feeds["init_noise"], np.float32), steps)
+                       np.asarray(feeds["init_noise"], np.float32), steps, **kw)
         return {"actions": out[:b]}
 
 
@@ -106,20 +116,24 @@ class OnnxOcto(Runner):
             return x.contiguous()  # bound by device pointer: no copy over the bus
         return as_host_view(x, self.copies, dtype=np.uint8)
 
-    def readout(self, images: Sequence[Any], masks, lang, lang_mask=None) -> np.ndarray:
+    def readout(self, images: Sequence[Any], masks, lang, lang_mask=None, goals=None) -> np.ndarray:
+        """``goals``: None (zero goal images) or {camera: uint8 goal image}, as ``OctoEngine.predict``."""
         from engines.octo.export import backbone_feeds
 
-        feeds = backbone_feeds(self.cfg, [self._image(i) for i in images], masks, lang, lang_mask)
+        if goals:
+            goals = {k: None if v is None else as_host_view(v, self.copies, dtype=np.uint8) for k, v in goals.items()}
+        feeds = backbone_feeds(self.cfg, [self._image(i) for i in images], masks, lang, lang_mask, goals)
         return self.backbone.infer(feeds)["readout"]
 
-    def predict(self, images: Sequence[Any], masks, lang, noise: tuple[Any, Any]) -> np.ndarray:
+    def predict(self, images: Sequence[Any], masks, lang, noise: tuple[Any, Any], goals=None) -> np.ndarray:
         """``noise``: (init (B, flat), steps (diffusion_steps, B, flat)), as ``OctoEngine.predict`` takes it."""
         from engines.octo.export import sampler_feeds
 
-        return self.sampler.infer(sampler_feeds(self.readout(images, masks, lang), *noise))["actions"]
+        readout = self.readout(images, masks, lang, goals=goals)
+        return self.sampler.infer(sampler_feeds(readout, *noise))["actions"]
 
     def _infer(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         images = [feeds[n] for n in image_names(self.cfg)]
         noise = (feeds["init_noise"], np.swapaxes(np.asarray(feeds["step_noise"]), 0, 1))
-        return {"actions": self.predict(images, feeds["masks"], feeds["lang"], noise)}
+        return {"actions": self.predict(images, feeds["masks"], feeds["lang"], noise, goal_feeds(self.cfg, feeds))}
 

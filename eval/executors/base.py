@@ -82,7 +82,7 @@ class TryWorker:
                 self.scenes = None
             else:
                 self.close()
-                factory = lambda: self.spec.factory(setup=job.setup, **self.options)  # noqa: E731
+                factory = lambda: self.spec.factory(setup=job.setup, arm=self.arm, **self.options)  # noqa: E731
                 self.members = make_members(factory(), self.num_envs, factory)
             self.scenes = Scenes(job.setup, self.num_envs, sim=self.sim, arm=self.arm, cameras=cameras)
             self._key = key

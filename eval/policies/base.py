@@ -83,6 +83,11 @@ class Policy(abc.ABC):
     def reset(self, instruction: str, seed: int | None = None) -> None:
         """Start a new try; ``seed`` seeds any randomness of the policy for this try."""
 
+    def set_start(self, start: Any) -> None:
+        """The try's start (:class:`env.starts.Start`), given by the rollout just before ``reset``: what a
+        policy may know of its try besides the instruction (Octo's goal image rendered from it). Ignored by
+        default; a wrapper passes it on."""
+
     def act(self, observation: Mapping[str, Any]) -> np.ndarray:
         """Return one normalised action of shape (7,) in [-1, 1]. Batchable policies need not define it."""
         if not self.batchable:

@@ -38,6 +38,17 @@ What the adapter does, step by step, as upstream's evaluation wrappers do
   applied per 50 ms control step (Bridge was recorded at 5 Hz: the same
   displacement per step, four times as fast).
 - Proprioception is not used (Octo 1.5 has no proprio tokenizer).
+- **Goal image** (optional; default: language only, zero goal images as
+  upstream): ``goal`` gives the primary camera a goal image, stacked with
+  every observation frame (upstream's ``task_stack_keys``) together with the
+  instruction (upstream's ``create_tasks(goals=..., texts=...)``); it is
+  preprocessed as the primary frames are (resize, average crop), and the wrist
+  camera's goal stays zeros. Either a fixed image (:func:`read_goal_image`,
+  ``--goal-image FILE``) or :class:`SolvedGoal` (``--goal-image solved``):
+  each try's own start with its target block(s) seated in their holes,
+  rendered by the third-person camera at reset. The try's record says which
+  (``goal_image``: "file" or "solved", ``goal_sha256``: of the file, or of the
+  rendered pixels).
 
 Backends: the policy receives its runner from the one backend factory
 (:func:`engines.backends.model_runner`, assembled by :func:`eval.policies.octo_policy`):
@@ -73,9 +84,12 @@ only, success meaningless"; reports should carry it.
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 from collections import deque
-from typing import Any, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -218,6 +232,113 @@ def preprocess(img: np.ndarray, size: tuple[int, int], average_crop: bool) -> np
     return img
 
 
+# ------------------------------------------------------------------ goal images
+GOAL_CAMERA = "primary"  # the Octo camera a goal image is given for (the third-person view)
+
+
+class GoalImageError(ValueError):
+    """A goal image that cannot be used (one line)."""
+
+
+def read_goal_image(path: str | Path) -> tuple[np.ndarray, str]:
+    """(uint8 HxWx3 RGB, sha256 of the file) of a PNG/JPEG goal image; GoalImageError in one line."""
+    from PIL import Image, UnidentifiedImageError
+
+    p = Path(path).expanduser()
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise GoalImageError(f"--goal-image {path}: cannot read it ({e.strerror or e})") from None
+    try:
+        import io
+
+        with Image.open(io.BytesIO(data)) as im:
+            img = np.asarray(im.convert("RGB"), np.uint8)
+    except UnidentifiedImageError:
+        raise GoalImageError(f"--goal-image {path}: not an image Pillow can read (PNG, JPEG)") from None
+    except (OSError, ValueError) as e:  # a truncated or broken file
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise GoalImageError(f"--goal-image {path}: a broken image ({why})") from None
+    if img.ndim != 3 or min(img.shape[:2]) < 1:
+        raise GoalImageError(f"--goal-image {path}: an image of shape {img.shape}")
+    return img, hashlib.sha256(data).hexdigest()
+
+
+def solved_start(start):
+    """The start with its target block(s) (all blocks on the full board) seated in their holes: on the table
+    at the hole's centre, at the board's yaw (the hole outlines are the blocks' at yaw 0 in the board frame);
+    everything else, appearance included, as in the start. Disturbances are left out (nothing is stepped)."""
+    from env import geometry
+
+    cells = geometry.cell_centres()
+    c, s = math.cos(start.board_yaw), math.sin(start.board_yaw)
+    blocks = []
+    for b in start.blocks:
+        if start.target in ("all", b.shape):
+            cx, cy = (float(v) for v in cells[b.shape])
+            b = replace(b, x=start.board_x + c * cx - s * cy, y=start.board_y + s * cx + c * cy, yaw=start.board_yaw)
+        blocks.append(b)
+    return replace(start, blocks=tuple(blocks), shove_velocity=None, nudge=None)
+
+
+class SolvedGoal:
+    """``--goal-image solved``: per try, its start (given by the rollout, :meth:`OctoPolicy.set_start`) with
+    the target block(s) in their holes (:func:`solved_start`), rendered by the scene's third-person camera
+    (uint8 HxWx3), in a scene of the setup and arm kept for the policy's life (built on the first try: about
+    as long as the worker's own)."""
+
+    label = "solved"
+
+    def __init__(self, setup, arm: str = "panda"):
+        if setup is None:
+            raise GoalImageError("--goal-image solved needs a setup (eval.run, eval.orin): it renders each try's "
+                                 "start with the blocks in their holes")
+        self.setup = setup
+        self.arm = arm
+        self._env = None
+
+    def render_start(self, start) -> np.ndarray:
+        if self._env is None:
+            from env import make_env
+
+            self._env = make_env(self.setup, arm=self.arm, obs_mode="rgb")
+        u = self._env.unwrapped
+        render = getattr(u, "render_sensors", True)
+        u.render_sensors = True
+        try:
+            obs, _ = self._env.reset(seed=0, options={"start": start})
+        finally:
+            u.render_sensors = render
+        return np.asarray(obs["sensor_data"]["third_person"]["rgb"][0].cpu().numpy(), np.uint8)
+
+    def __call__(self, start, instruction: str | None = None) -> np.ndarray:
+        from env.task import INSTRUCTION, INSTRUCTION_FULL_BOARD
+
+        if start is None:
+            raise GoalImageError("--goal-image solved needs the try's start, which eval.rollout gives the policy "
+                                 "(set_start) before each reset")
+        said = INSTRUCTION_FULL_BOARD if start.target == "all" else INSTRUCTION.format(shape=start.target)
+        if instruction is not None and instruction != said:
+            raise GoalImageError(f"--goal-image solved: the start of {self.setup.id} is {said!r}, but the try "
+                                 f"says {instruction!r}")
+        return self.render_start(solved_start(start))
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+
+
+def resolve_goal(goal_image: str | None, setup=None, arm: str = "panda"):
+    """``--goal-image``: None (language only), ``solved`` (a :class:`SolvedGoal`), or a file: (uint8 image,
+    its sha256). GoalImageError in one line."""
+    if not goal_image:
+        return None
+    if str(goal_image) == "solved":
+        return SolvedGoal(setup, arm)
+    return read_goal_image(goal_image)
+
+
 # ------------------------------------------------------------------ the policy
 class OctoPolicy(Policy):
     """Octo 1.5 zero-shot on the scene's two cameras (frozen track; JAX, ONNX Runtime or TensorRT backend)."""
@@ -228,9 +349,11 @@ class OctoPolicy(Policy):
     backend = "jax"
 
     def __init__(self, engine: Any, runner: Any, name: str | None = None, exec_horizon: int | None = None,
-                 temporal_ensembling: bool = False, unnorm_key: str | None = None):
+                 temporal_ensembling: bool = False, unnorm_key: str | None = None, goal: Any = None):
         """``engine``: the :class:`~engines.octo.engine.OctoEngine` (config, T5, noise, statistics); ``runner``:
-        its model on one backend (:mod:`engines.octo.runners`), from the backend factory."""
+        its model on one backend (:mod:`engines.octo.runners`), from the backend factory. ``goal``: None
+        (language only), a (uint8 HxWx3 image, sha256) pair, or a callable ``(seed, instruction) -> image``
+        called at every reset (:class:`SolvedGoal`); the image goes to the primary camera."""
         super().__init__()
         from engines.octo.engine import UNNORM_KEY
 
@@ -258,8 +381,27 @@ class OctoPolicy(Policy):
         self._chunks: deque = deque(maxlen=horizon)
         self._warm_batches: set[int] = set()  # batch sizes compiled (JAX) or run once (graphs)
         self.last_chunk: np.ndarray | None = None  # unnormalised Octo actions of the last query (horizon, dim)
+        self._goal_source: Callable[..., np.ndarray] | None = None  # (start, instruction) -> uint8 HxWx3
+        self._start = None  # this try's start (set_start), for a goal source
+        self._goal: dict[str, np.ndarray] | None = None  # {camera: (1, H, W, 3)} preprocessed, this try's
+        self._goal_fields: dict[str, str] = {}
+        if goal is not None:
+            from engines.octo.model import goal_cameras
+
+            if GOAL_CAMERA not in goal_cameras(cfg):
+                raise GoalImageError(f"{self.name}'s {GOAL_CAMERA} camera takes no goal image")
+            if callable(goal):
+                self._goal_source = goal
+                self._goal_fields = {"goal_image": getattr(goal, "label", "callable")}
+            else:
+                img, sha = goal
+                self._set_goal(img)
+                self._goal_fields = {"goal_image": "file", "goal_sha256": str(sha)}
 
     # ------------------------------------------------------------ Policy interface
+    def set_start(self, start) -> None:
+        self._start = start
+
     def reset(self, instruction: str, seed: int | None = None) -> None:
         import jax
 
@@ -267,6 +409,10 @@ class OctoPolicy(Policy):
             self._warmup()
             self._warm = True
         self._lang = self.engine.embed(instruction)[None]
+        if self._goal_source is not None:  # this try's own goal, from its start
+            raw = np.ascontiguousarray(self._goal_source(self._start, instruction))
+            self._set_goal(raw)
+            self._goal_fields["goal_sha256"] = hashlib.sha256(raw.tobytes()).hexdigest()
         self._rng = jax.random.PRNGKey(int(seed or 0) % (2 ** 32))
         self._history.clear()
         self._num_obs = 0
@@ -299,8 +445,14 @@ class OctoPolicy(Policy):
         self._rng, key = split_key(self._rng)  # as upstream's evaluation splits a try's key per query
         init, steps = self.engine.draw_noise(key)  # the draws predict(rng=key) makes
         feeds = {f"image_{c.name}": img for c, img in zip(self.cfg.cameras, images)}
+        feeds.update({f"goal_{k}": g for k, g in (self._goal or {}).items()})
         # batch first, as every feed: (1, diffusion_steps, flat)
         return {**feeds, "masks": masks, "lang": self._lang, "init_noise": init, "step_noise": np.swapaxes(steps, 0, 1)}
+
+    def record_fields(self) -> dict[str, Any]:
+        """The goal image of the try when one was given (``goal_image``: "file" or "solved", ``goal_sha256``);
+        nothing for language only."""
+        return dict(self._goal_fields)
 
     def decode(self, outputs: Mapping[str, np.ndarray] | None, row: int) -> np.ndarray:
         if outputs is not None:
@@ -321,8 +473,13 @@ class OctoPolicy(Policy):
         other._history = deque(maxlen=self.cfg.window)
         other._chunks = deque(maxlen=self.cfg.action_horizon)
         other._queue, other._num_obs, other._lang, other._rng, other.last_chunk = [], 0, None, None, None
+        other._goal_fields = dict(self._goal_fields)  # a solved goal is each scene's own (set at reset)
         other.latencies_ms, other.warmup_ms, other.stage_ms, other.queries, other.model_queries = [], [], {}, 0, 0
         return other
+
+    def close(self) -> None:
+        """Close the scene a solved goal is rendered in (the executors close their policies)."""
+        getattr(self._goal_source, "close", lambda: None)()
 
     def prepare_batch(self, n: int) -> None:
         """Compile (JAX: every padded batch size up to n) or run once (ONNX Runtime, TensorRT) for n scenes."""
@@ -368,7 +525,20 @@ class OctoPolicy(Policy):
         images, masks, lang = self.engine.blank_inputs(batch)
         init, steps = self.engine.draw_noise(jax.random.PRNGKey(0), batch)
         feeds = {f"image_{c.name}": img for c, img in zip(self.cfg.cameras, images)}
+        if self._goal_source is not None or self._goal is not None:  # the goal's inputs compile another function
+            cam = next(c for c in self.cfg.cameras if c.name == GOAL_CAMERA)
+            feeds[f"goal_{GOAL_CAMERA}"] = np.zeros((batch, *cam.image_size, 3), np.uint8)
         return {**feeds, "masks": masks, "lang": lang, "init_noise": init, "step_noise": np.swapaxes(steps, 0, 1)}
+
+    def _set_goal(self, img) -> np.ndarray:
+        """Preprocess a goal image as the primary camera's frames (resize, average crop): (H, W, 3) kept."""
+        cam = next(c for c in self.cfg.cameras if c.name == GOAL_CAMERA)
+        img = np.asarray(img)
+        if img.ndim != 3 or img.shape[-1] < 3:
+            raise GoalImageError(f"a goal image of shape {img.shape}; expected HxWx3")
+        g = preprocess(img, cam.image_size, average_crop=cam.obs_key in AUGMENTED_KEYS)
+        self._goal = {GOAL_CAMERA: g[None]}
+        return g
 
     def _warmup(self) -> None:
         """Compile (JAX) or load and run once (ONNX Runtime, TensorRT) the query of one scene, untimed."""
