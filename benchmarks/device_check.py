@@ -481,22 +481,30 @@ def step_dlpack(ctx: StepContext) -> int:
 
 # ------------------------------------------------------------------ ONNX Runtime and TensorRT
 def step_onnx_trt(ctx: StepContext) -> int:
-    from engines import trt
-
-    reason = trt.unavailable_reason()
-    if ctx.dry_run and reason is None:
-        reason = "dry run"
+    reason = _trt_reason(ctx)
     if reason and not ctx.dry_run:
         return ctx.skip(reason)
-    path, feeds, source = _bc_state_onnx(ctx.work)
-    graphs = [("bc-state", path, feeds)]
-    ctx.emit({"kind": "export", "model": "bc-state", "onnx": str(path), "weights": source})
-    for part, p, f in _octo_onnx(ctx):
-        graphs.append((f"octo-small {part}", p, f))
+    graphs = _graphs(ctx, ("backbone", "sampler"))
     for name, p, f in _progress(graphs, "graphs"):
         for row in check_graph(name, p, f, ctx, reason):
             ctx.emit(row)
     return 0
+
+
+def _trt_reason(ctx: StepContext) -> str | None:
+    """Why TensorRT rows are skipped: TensorRT's own reason, or "dry run" (its rows skipped on the CPU)."""
+    from engines import trt
+
+    reason = trt.unavailable_reason()
+    return "dry run" if ctx.dry_run and reason is None else reason
+
+
+def _graphs(ctx: StepContext, octo_parts: tuple[str, ...]) -> list[tuple[str, Path, dict]]:
+    """(name, ONNX path, feeds) of bc-state and of octo-small's ``octo_parts``, exported into the step's folder."""
+    path, feeds, source = _bc_state_onnx(ctx.work)
+    ctx.emit({"kind": "export", "model": "bc-state", "onnx": str(path), "weights": source})
+    return [("bc-state", path, feeds)] + [(f"octo-small {part}", p, f) for part, p, f in _octo_onnx(ctx)
+                                          if part in octo_parts]
 
 
 def _bc_state_onnx(work: Path) -> tuple[Path, dict, str]:
@@ -619,14 +627,10 @@ def step_trt_int8_qdq(ctx: StepContext) -> int:
     from engines.backends import rel_err
     from engines.runners import OnnxRuntimeRunner, TensorRtRunner
 
-    reason = trt.unavailable_reason()
-    if ctx.dry_run and reason is None:
-        reason = "dry run"
+    reason = _trt_reason(ctx)
     if reason and not ctx.dry_run:
         return ctx.skip(reason)
-    path, feeds, _ = _bc_state_onnx(ctx.work)
-    graphs = [("bc-state", path, feeds)]
-    graphs += [(f"octo-small {part}", p, f) for part, p, f in _octo_onnx(ctx) if part == "backbone"]
+    graphs = _graphs(ctx, ("backbone",))
     warmup, queries = (2, 5) if ctx.dry_run else (10, 50)
     for name, fp32, f in graphs:
         cal = _int8_calibration(name.split()[0], fp32, f, ctx)
