@@ -133,12 +133,19 @@ class DataError(RuntimeError):
     pass
 
 
-def load(data) -> tuple[list[dict], dict]:
+def read_set(data, records_file: str, build_command: str, error: type[Exception] = DataError
+             ) -> tuple[list[dict], dict | None]:
+    """A built set's records (one JSON line each) and its manifest (None when missing); ``error`` (one line
+    naming ``build_command``) when the records are missing."""
     data = Path(data)
-    qf = data / QUESTIONS_FILE
-    if not qf.is_file():
-        raise DataError(f"no {QUESTIONS_FILE} in {data} (build it with: python -m eval.reasoning build --out {data})")
-    items = [json.loads(line) for line in qf.read_text().splitlines() if line.strip()]
+    f = data / records_file
+    if not f.is_file():
+        raise error(f"no {records_file} in {data} (build it with: {build_command} --out {data})")
+    records = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
     mf = data / MANIFEST_FILE
-    manifest = json.loads(mf.read_text()) if mf.is_file() else {}
-    return items, manifest
+    return records, json.loads(mf.read_text()) if mf.is_file() else None
+
+
+def load(data) -> tuple[list[dict], dict]:
+    items, manifest = read_set(data, QUESTIONS_FILE, "python -m eval.reasoning build")
+    return items, manifest or {}

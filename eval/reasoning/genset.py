@@ -36,9 +36,9 @@ import numpy as np
 
 from eval.reasoning import planning as P
 from eval.reasoning import scene as S
+from eval.reasoning.build import MANIFEST_FILE, _png_bytes, read_set, set_sha256
 
 CASES_FILE = "cases.jsonl"
-MANIFEST_FILE = "manifest.json"
 KS = (2, 3, 4, 5)
 CAMERA = "plan"
 STEP_FILE = "step{}.png"  # answers: DIR/<case id>/step1.png .. step<k>.png
@@ -142,8 +142,6 @@ def build(out, seed=0, ks=KS, per_k=20, size=S.IMAGE_SIZE, progress=True, render
     """Cases, reference renders (valid and invalid states), calibration and a manifest with the sha256."""
     from tqdm import tqdm
 
-    from eval.reasoning.build import _png_bytes, set_sha256
-
     t0 = time.monotonic()
     out = Path(out)
     (out / "img").mkdir(parents=True, exist_ok=True)
@@ -236,15 +234,10 @@ def calibrate(cases, data_dir) -> dict:
 
 
 def load(data) -> tuple[list[dict], dict]:
-    data = Path(data)
-    f = data / CASES_FILE
-    if not f.is_file():
-        raise GenError(f"no {CASES_FILE} in {data} (build it with: python -m eval.reasoning generate-build --out {data})")
-    cases = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-    mf = data / MANIFEST_FILE
-    if not mf.is_file():
+    cases, manifest = read_set(data, CASES_FILE, "python -m eval.reasoning generate-build", GenError)
+    if manifest is None:
         raise GenError(f"no {MANIFEST_FILE} in {data}: rebuild the set")
-    return cases, json.loads(mf.read_text())
+    return cases, manifest
 
 
 def score_case(case, images: list[np.ndarray], data_dir, threshold: float) -> dict:
