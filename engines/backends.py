@@ -17,8 +17,8 @@ builds its engine from that same Q/DQ graph where one exists. ``bf16`` on ``ort`
 (ONNX Runtime's CPU provider has no bfloat16 MatMul/Gemm kernels), as is every precision on ``jax``/``torch``
 but fp32.
 
-Where ONNX files are cached is here too (:func:`onnx_cache_dir`), and :func:`rel_err`, the one measure of
-output agreement between backends that tests and device checks use.
+:func:`rel_err` is the one measure of output agreement between backends that tests and device checks use;
+where exports and engines are cached is :mod:`engines.cache`.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from env.cache import cache_root
 
 GRAPH_BACKENDS = ("ort", "trt")  # run an exported ONNX graph
 BACKENDS = ("jax", "ort", "trt", "torch")
@@ -80,15 +78,6 @@ def unavailable_reason(backend: str) -> str | None:
     raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
 
 
-def onnx_cache_dir() -> Path:
-    """Where ONNX exports made on first use are cached (keyed by the weights' digest in the file name)."""
-    return cache_root() / "onnx"
-
-
-def engine_cache_dir() -> Path:
-    return cache_root() / "engines"
-
-
 def make_runner(onnx_path: str | Path, spec: BackendSpec):
     """An activated runner of ``onnx_path`` on ``spec``'s backend; BackendUnavailable (one line) if it cannot run."""
     from engines.runners import OnnxRuntimeRunner, TensorRtRunner, cpu_count
@@ -100,8 +89,9 @@ def make_runner(onnx_path: str | Path, spec: BackendSpec):
     if spec.backend == "ort":
         return OnnxRuntimeRunner(onnx_path, "cpu", intra_op_threads=spec.threads or cpu_count()).activate()
     from engines import trt
+    from engines.cache import engine_dir
 
-    out = engine_cache_dir()
+    out = engine_dir()
     path = trt.build_engine(onnx_path, out, onnx_path.stem, spec.precision, spec.max_batch,
                             timing_cache=out / "timing.cache")
     return TensorRtRunner(path, expected_key=trt.system_key(onnx_path, spec.precision, spec.max_batch)).activate()

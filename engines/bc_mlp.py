@@ -148,27 +148,14 @@ def numpy_forward(model, state: np.ndarray) -> np.ndarray:
 
 
 def onnx_for_weights(weights: str | Path, sha256: str) -> Path:
-    """The ONNX export of a weights file, made once and cached under a name from the weights' sha256; a
-    cached file that fails the ONNX check (truncated, corrupt) is exported again."""
-    import os
-    import sys
-
-    from engines.backends import onnx_cache_dir
-    from engines.onnx_utils import BadModelFileError, check_onnx_file
+    """The ONNX export of a weights file, made once and cached (sealed, :mod:`engines.cache`) under a name
+    from the weights' sha256; a damaged cached file (truncated, corrupt) is exported again."""
+    from engines.cache import onnx_dir, reuse, write_sealed
 
     weights = Path(weights)
     digest = sha256[:16]
-    path = onnx_cache_dir() / f"bc_state_{digest}.onnx"
-    if path.exists():
-        try:
-            check_onnx_file(path)
-        except BadModelFileError as e:
-            print(f"cached ONNX export {path} fails its check ({str(e).split('; ')[0]}); exporting it again from "
-                  f"{weights}", file=sys.stderr)
-            path.unlink()
-    if not path.exists():
+    path = onnx_dir() / f"bc_state_{digest}.onnx"
+    if not reuse(path, "ONNX export"):
         model, config, _ = load(weights)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp.onnx")
-        export_onnx(model, config, tmp, source=f"{weights.name} sha256 {digest}")
-        os.replace(tmp, path)
+        write_sealed(path, lambda tmp: export_onnx(model, config, tmp, source=f"{weights.name} sha256 {digest}"))
     return path

@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
+from engines.cache import sha256_file  # noqa: F401 - the one file digest, named here for the model files
 from engines.optional import require
-from env.cache import cache_root  # noqa: F401 - where exports and engines are cached
 
 
 class BadModelFileError(ValueError):
     """A model file is missing, truncated, corrupt or not what was expected (one line)."""
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def check_onnx_file(path: str | Path):

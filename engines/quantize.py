@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,7 +113,9 @@ def complete_feeds(feeds: Mapping[str, np.ndarray], specs: Mapping[str, tuple[tu
     return out
 
 
-def _reader(calibration: Calibration, specs):
+def _reader(calibration: Calibration, specs, bar=None):
+    """ONNX Runtime's calibration reader over the feeds; ``bar`` (tqdm) counts the feeds read (a pass over
+    them may be repeated: the bar starts again)."""
     from onnxruntime.quantization import CalibrationDataReader
 
     class Reader(CalibrationDataReader):
@@ -121,10 +124,14 @@ def _reader(calibration: Calibration, specs):
 
         def get_next(self):
             row = next(self.it, None)
+            if row is not None and bar is not None:
+                bar.update(1)
             return None if row is None else complete_feeds(row, specs)
 
         def rewind(self) -> None:
             self.it = iter(calibration.feeds())
+            if bar is not None:
+                bar.reset()
 
     return Reader()
 
@@ -254,14 +261,18 @@ def quantize_int8(onnx_path: str | Path, out_path: str | Path, calibration: Cali
         _fold(onnx_path, folded)
         nodes = prepare(folded, ops)
         q = Path(tmp) / "int8.onnx"
-        quantize_static(str(folded), str(q), _reader(calibration, specs), quant_format=QuantFormat.QDQ,
-                        op_types_to_quantize=list(ops), nodes_to_quantize=nodes, per_channel=True,
-                        activation_type=QuantType.QInt8,
-                        weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
-                        nodes_to_exclude=list(exclude_nodes),
-                        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "DedicatedQDQPair": True,
-                                       "CalibMaxIntermediateOutputs": max_outputs},
-                        calibration_providers=["CPUExecutionProvider"])
+        from tqdm import tqdm
+
+        bar = tqdm(total=calibration.samples, desc=f"int8 calibration of {onnx_path.name}", unit="feed", leave=False)
+        with bar:
+            quantize_static(str(folded), str(q), _reader(calibration, specs, bar), quant_format=QuantFormat.QDQ,
+                            op_types_to_quantize=list(ops), nodes_to_quantize=nodes, per_channel=True,
+                            activation_type=QuantType.QInt8,
+                            weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+                            nodes_to_exclude=list(exclude_nodes),
+                            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True,
+                                           "DedicatedQDQPair": True, "CalibMaxIntermediateOutputs": max_outputs},
+                            calibration_providers=["CPUExecutionProvider"])
         model = onnx.load(str(q))
         unshare_quantize(model)
         del model.metadata_props[:]
@@ -297,7 +308,8 @@ def int8_matches(path: Path, weights_digest: str, calibration_sha256: str | None
     try:
         m = metadata(path)
         fmt = metadata(source).get("format") if source is not None else m.get("format")
-    except BadModelFileError:
+    except BadModelFileError as e:  # named, then rebuilt by make engines (never loaded)
+        print(f"{str(e).split(';')[0]}: make engines builds it again (or delete it)", file=sys.stderr)
         return False
     return (m.get("int8_pass") == INT8_PASS and m.get("int8_weights_sha256") == weights_digest
             and m.get("format") == fmt
@@ -380,8 +392,16 @@ RECORD_COMMAND = {OCTO_CALIB.name: "python -m benchmarks.record_queries --only c
 
 
 def load_npz(path: str | Path) -> dict[str, np.ndarray]:
-    with np.load(str(path)) as z:
-        return {k: z[k] for k in z.files}
+    """The arrays of a recorded calibration file; a damaged one is one line naming the file to delete (make
+    engines records it again when it is missing)."""
+    from engines.onnx_utils import BadModelFileError
+
+    try:
+        with np.load(str(path)) as z:
+            return {k: z[k] for k in z.files}
+    except Exception as e:  # noqa: BLE001 - zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError
+        raise BadModelFileError(f"calibration file {path} is damaged ({type(e).__name__}): delete it and run make "
+                                "engines, which records it again") from None
 
 
 def _calibration_name(path: Path, arrays, kind: str) -> str:

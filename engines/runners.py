@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import functools
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -146,7 +147,9 @@ class OnnxRuntimeRunner(Runner):
 
             try:
                 self.loaded_path = ort_optimized(self.onnx_path)
-            except MissingDependencyError:  # onnx (the export extra) absent: the graph as exported
+            except MissingDependencyError as e:  # onnx (the export extra) absent: the graph as exported, said
+                print(f"ONNX Runtime loads {self.onnx_path.name} as exported, without this project's rewrites (same "
+                      f"outputs, slower): {e}", file=sys.stderr)
                 self.loaded_path = self.onnx_path
         try:
             self.session = ort.InferenceSession(str(self.loaded_path), opts, providers=list(self.providers), **kwargs)

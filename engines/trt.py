@@ -419,7 +419,9 @@ def build_engine(onnx_path: str | Path, out_dir: str | Path, name: str, precisio
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     engine_path = out_dir / f"{key.file_stem(name)}.engine"
-    if engine_path.exists() and not rebuild:
+    from engines.cache import reuse, write_sealed
+
+    if not rebuild and reuse(engine_path, "TensorRT engine"):  # sealed when built: a damaged plan is rebuilt
         check_engine(engine_path, key)
         return engine_path
     trt = require("tensorrt")
@@ -494,11 +496,11 @@ def build_engine(onnx_path: str | Path, out_dir: str | Path, name: str, precisio
     data = bytes(serialized)
     if not data:
         raise TensorRTBuildError(f"TensorRT built an empty engine for {name} from {what}")
-    tmp = engine_path.with_name(engine_path.name + ".tmp")
-    tmp.write_bytes(data)
     write_sidecar(engine_path, key, {"onnx": str(onnx_path), "parsed": str(graph_path)})
-    os.replace(tmp, engine_path)  # never a truncated engine under the cached name
+    write_sealed(engine_path, lambda tmp: tmp.write_bytes(data))  # never a truncated engine under its name
     if timing_cache is not None:
         blob = made(config.get_timing_cache(), "get_timing_cache").serialize()
-        Path(timing_cache).write_bytes(bytes(made(blob, "timing cache serialize")))
+        tmp = Path(timing_cache).with_name(Path(timing_cache).name + ".tmp")
+        tmp.write_bytes(bytes(made(blob, "timing cache serialize")))
+        os.replace(tmp, timing_cache)
     return engine_path

@@ -29,5 +29,15 @@ def make_env(setup: "str | Setup" = "A01", arm: str = "panda", obs_mode: str = "
     from env.task import ENV_ID  # registers the env
 
     s = setup if isinstance(setup, Setup) else get_setup(setup)
+    if "render_backend" not in kwargs:
+        kwargs["render_backend"] = default_render_backend()
     return gym.make(ENV_ID, setup=s, arm=arm, obs_mode=obs_mode, render_mode=render_mode,
                     max_episode_steps=max_steps or s.max_steps, **kwargs)
+
+
+def default_render_backend() -> str:
+    """ManiSkill's default renderer, ``sapien_cuda``, where CUDA is, else ``sapien_cpu`` (lavapipe): asked for
+    by name, so that ManiSkill does not warn at every scene that it fell back to the CPU."""
+    import torch
+
+    return "sapien_cuda" if torch.cuda.is_available() else "sapien_cpu"

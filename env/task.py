@@ -86,7 +86,7 @@ from mani_skill.utils.structs.pose import Pose
 from mani_skill.utils.structs.types import SceneConfig, SimConfig
 
 from env import geometry, overlap
-from env.cache import cache_root
+from env.cache import cache_root, reuse, write_sealed
 from env.arms import ArmSpec, check_assets, get_arm, register_agents
 from env.predicate import (DEEP_M, GLITCH_ENERGY_J, MATCH_MARGIN_M, PENETRATION_TOL_M, RELEASED_OPENING,  # noqa: F401
                            SETTLED_MPS, STICKY_FLAGS, SUCCESS_HOLD_STEPS, SUCCESS_PREDICATE_VERSION,
@@ -139,11 +139,8 @@ def convex_mesh_file(vertices: np.ndarray) -> str:
     vertices = np.round(np.asarray(vertices, dtype=np.float64), 9)
     key = hashlib.sha256(vertices.tobytes()).hexdigest()[:24]
     path = _mesh_cache_dir() / f"{key}.obj"
-    if not path.exists():
-        fd, tmp = tempfile.mkstemp(suffix=".obj", dir=path.parent)
-        os.close(fd)
-        geometry.write_convex_obj(vertices, tmp)
-        os.replace(tmp, path)
+    if not reuse(path, "collision mesh"):  # sealed: a damaged file is written again (env.cache)
+        write_sealed(path, lambda tmp: geometry.write_convex_obj(vertices, tmp))
     return str(path)
 
 

@@ -3,12 +3,14 @@
 :class:`TryRecord` is what the rollout returns for a finished try and what the executors return for a try
 that could not finish (the watchdog stopped it, or its Ray actor died twice): ``finished=False``, failed,
 with the flag saying why. :meth:`TryRecord.to_json` gives the JSON object a run appends; its keys are those
-of record version 2, so files written before this class existed read the same.
+of record version 2, so files written before this class existed read the same. :func:`read_tries` is the one
+reader of a records file (``tries.jsonl``, ``batches.jsonl``) that resume, report and site use.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import platform
 from dataclasses import dataclass, field
@@ -106,3 +108,62 @@ class TryRecord:
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
         return d
+
+
+class RecordsError(ValueError):
+    """A records file that cannot be read as records; the message names the file, the line and what to do."""
+
+
+def read_tries(path) -> list[dict]:
+    """The records of a ``tries.jsonl`` (or ``batches.jsonl``): one JSON object per line, blank lines skipped.
+
+    Every record is written with its newline in one write (``eval.runner.TryLog``), so only a last line
+    without a newline can be torn by a kill: when it is not a whole JSON object it is ignored (and cut off
+    when the run resumes). Any other line that is not a JSON object, the last one included when it ends in a
+    newline, is a damaged record: :class:`RecordsError` names the file and the line.
+    """
+    from pathlib import Path
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecordsError(f"{path}: no such file") from None
+    except UnicodeDecodeError:
+        raise RecordsError(f"{path}: not UTF-8 text (a damaged records file): move it away and rerun") from None
+    except OSError as e:
+        raise RecordsError(f"{path}: cannot read ({e.strerror or e})") from None
+    lines = text.split("\n")  # the last item is "" when the file ends in a newline, else an unterminated tail
+    out: list[dict] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        record = _json_object(line)
+        if record is None:
+            if i == len(lines) - 1:
+                break  # a torn last line: no newline, not a whole record
+            raise RecordsError(
+                f"{path}: line {i + 1} is not a JSON record (a damaged record, not a torn last line, which has "
+                f"no newline): delete that line and rerun to redo its try; the other records are kept")
+        out.append(record)
+    return out
+
+
+def torn_tail(data: bytes) -> int:
+    """Where a records file's torn last line starts (``len(data)`` when it has none): what resume cuts off."""
+    if not data or data.endswith(b"\n"):
+        return len(data)
+    start = data.rfind(b"\n") + 1
+    try:
+        whole = _json_object(data[start:].decode("utf-8")) is not None
+    except UnicodeDecodeError:
+        whole = False
+    return len(data) if whole else start
+
+
+def _json_object(line: str) -> dict | None:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) else None

@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -79,8 +80,8 @@ def build_parser(prog: str = "python -m eval.run", description: str | None = Non
     r.add_argument("--protocol", help="openpi or vla-eval (default openpi)")
     r.add_argument("--profile", help="how observations and actions map to the model: octo-small, octo-base, "
                    "bc-state (servers of this project: python -m eval.serve), openvla-7b, openvla-oft, pi0-libero")
-    r.add_argument("--token", help="the token the server was started with (run.json keeps it; $SAB_REMOTE_TOKEN "
-                   "is read when this is not given, and is not kept)")
+    r.add_argument("--token", help="the token the server was started with ($SAB_REMOTE_TOKEN is read when this is "
+                   "not given); never written: run.json says only where it came from")
     r.add_argument("--live-latency", action="store_true", help="apply each action at the first control step after "
                    "its own measured round trip (the arm holds until then), as --replay-latency does with a profile")
     p.add_argument("--out", required=True, help="output folder")
@@ -92,7 +93,7 @@ def build_parser(prog: str = "python -m eval.run", description: str | None = Non
 
 def model_options(args: argparse.Namespace) -> dict:
     """The model options given on the command line (unset ones left out)."""
-    return {k: getattr(args, k) for k in MODEL_OPTIONS if getattr(args, k) not in (None, False)}
+    return {k: getattr(args, k) for k in MODEL_OPTIONS if getattr(args, k) is not None and getattr(args, k) is not False}
 
 
 def _chunks(items: list, n: int) -> list[tuple]:
@@ -101,6 +102,36 @@ def _chunks(items: list, n: int) -> list[tuple]:
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+INTERRUPTED = ("interrupted; finished tries are saved, rerun the same command to continue", 130)
+
+
+@contextmanager
+def _signals_held():
+    """SIGINT and SIGTERM held while the run closes its files and workers, so that a second Ctrl-C cannot cut
+    the cleanup short (a traceback from inside it); the list it yields tells whether one arrived."""
+    caught: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in (signal.SIGINT,
+                                                                                           signal.SIGTERM)}
+    try:
+        yield caught
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _credentials(spec, options: dict) -> tuple[tuple[str, str], ...]:
+    """Where the run's token came from (run.json says that, never the token)."""
+    if "token" not in spec.options:
+        return ()
+    from eval.remote.client import TOKEN_ENV
+
+    if options.get("token"):
+        return (("token", "--token"),)
+    import os
+
+    return (("token", f"${TOKEN_ENV}"),) if os.environ.get(TOKEN_ENV) else ()
 
 
 def _fail(msg: str, code: int = 2) -> int:
@@ -112,6 +143,13 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
          report_extra: Callable[[list[dict]], dict] | None = None) -> int:
     """``report_extra(records)``, called once the tries have run, gives more fields for the report (eval.orin:
     the device and its telemetry), so that the report and summary.json are written once."""
+    try:
+        return _main(argv, parser, report_extra)
+    except KeyboardInterrupt:  # Ctrl-C outside the tries (checks, start-up, the report): one line too
+        return _fail(*INTERRUPTED)
+
+
+def _main(argv, parser, report_extra) -> int:
     args = (parser or build_parser()).parse_args(argv)
     try:
         spec = get_model(args.model)
@@ -129,8 +167,9 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         for name in ("tries", "workers"):
             if getattr(args, name) < 1:
                 raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
-        if args.step_timeout is not None and not args.step_timeout > 0:
-            raise ValueError(f"--step-timeout must be a positive number of seconds, got {args.step_timeout:g}")
+        if args.step_timeout is not None and not 0 < args.step_timeout < float("inf"):
+            raise ValueError(f"--step-timeout must be a positive, finite number of seconds (the watchdog cannot be "
+                             f"turned off), got {args.step_timeout:g}")
         if args.video < 0:
             raise ValueError(f"--video must be 0 or more, got {args.video}")
         if args.executor != "ray" and (args.address or args.gpus_per_actor):
@@ -189,7 +228,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         return _fail(f"cannot read the weights: {e}")
     cfg = RunConfig(model=spec.name, split=args.split, setups=tuple(setups), tries=args.tries, out=args.out,
                     arm=arm.name, tasklist_sha256=tasklist.sha256, options=tuple(sorted(options.items())),
-                    sim=args.sim, weights_sha256=weights)
+                    sim=args.sim, weights_sha256=weights, credentials=_credentials(spec, options))
     try:
         out, done, lock = prepare_out(cfg, fresh=args.fresh)
     except RunMismatchError as e:
@@ -240,6 +279,8 @@ def _execute(args, spec, arm, setups, options, tasklist, cfg, out, done, report_
         batch_log = TryLog(out / "batches.jsonl") if args.num_envs > 1 else None
         signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops like Ctrl-C: workers closed, tries kept
         successes = n_new = 0
+        if options.get("random_weights"):
+            print(f"{spec.name} with random weights: latency only, success meaningless", file=sys.stderr)
         bar = tqdm(total=len(plan), initial=len(plan) - n_todo, unit="try", desc=spec.name, smoothing=0.05)
         failure = None
         try:
@@ -255,16 +296,19 @@ def _execute(args, spec, arm, setups, options, tasklist, cfg, out, done, report_
         except WorkerError as e:
             failure = (str(e), 1)
         except KeyboardInterrupt:
-            failure = ("interrupted; finished tries are saved, rerun the same command to continue", 130)
+            failure = INTERRUPTED
         except OSError as e:  # the tries file cannot take another record: disk full, read-only remount
             failure = (f"cannot append to {out / 'tries.jsonl'} ({e.strerror or e}): free space, then rerun the "
                        f"same command; the finished tries are kept", 1)
         finally:
-            bar.close()
-            log.close()
-            if batch_log is not None:
-                batch_log.close()
-            pool.close()
+            with _signals_held() as caught:
+                bar.close()
+                log.close()
+                if batch_log is not None:
+                    batch_log.close()
+                pool.close()
+        if caught and failure is None:
+            failure = INTERRUPTED
         if failure is not None:
             return _fail(*failure)
     from eval.report import ReportError, write_report
@@ -287,7 +331,8 @@ def _execute(args, spec, arm, setups, options, tasklist, cfg, out, done, report_
         hung_txt = (f"; {sum(hung.values())} tries did not finish ("
                     + ", ".join(f"{flag} {hung[flag]}" for flag in HUNG_FLAGS if hung[flag])
                     + "): a hung policy or simulator, see the flags in REPORT.md")
-    print(f"{spec.name} on {args.split} ({len(scored)} scored setups): {k}/{n} successes, {s_txt}; "
+    random_txt = " (random weights: latency only, success meaningless)" if options.get("random_weights") else ""
+    print(f"{spec.name}{random_txt} on {args.split} ({len(scored)} scored setups): {k}/{n} successes, {s_txt}; "
           f"report in {out / 'REPORT.md'}{hung_txt}")
     return EXIT_HUNG if hung else 0
 

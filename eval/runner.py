@@ -19,7 +19,8 @@ from pathlib import Path
 
 from env.predicate import SUCCESS_PREDICATE_VERSION
 from env.setups import Setup
-from eval.records import TryRecord, machine_info  # noqa: F401 - machine_info: what runs and tools name
+from eval.policies import SECRET_OPTIONS
+from eval.records import RecordsError, TryRecord, machine_info, read_tries, torn_tail  # noqa: F401 - what runs name
 
 
 @dataclass(frozen=True)
@@ -38,16 +39,20 @@ class RunConfig:
     # weights changed would otherwise mix two policies' tries in one file
     weights_sha256: str | None = None
     predicate: int = SUCCESS_PREDICATE_VERSION  # the success predicate the tries are scored with
+    # where each credential came from ({"token": "--token" | "$SAB_REMOTE_TOKEN"}): written instead of its value
+    credentials: tuple = ()
 
     def __post_init__(self):
         object.__setattr__(self, "options", tuple(tuple(o) for o in self.options))
+        object.__setattr__(self, "credentials", tuple(tuple(c) for c in self.credentials))
 
     def identity(self) -> dict:
-        """Settings that must match for two runs to share an output folder."""
+        """Settings that must match for two runs to share an output folder (credentials are not settings:
+        their values are never written, and a new token does not make another run)."""
         d = asdict(self)
-        for k in ("out", "tries", "setups", "first_try"):
+        for k in ("out", "tries", "setups", "first_try", "credentials"):
             d.pop(k)
-        d["options"] = {k: v for k, v in self.options}
+        d["options"] = {k: v for k, v in self.options if k not in SECRET_OPTIONS}
         if self.sim == "cpu":  # CPU physics gives the same tries batched or not (tested): older runs match
             d.pop("sim")
         if self.weights_sha256 is None:  # models without a weights file: older runs match
@@ -82,7 +87,12 @@ class RunFolderLock:
 
     def __init__(self, out: Path):
         self.path = out / self.NAME
-        self._f = open(self.path, "a+")
+        created = not self.path.exists()
+        try:
+            self._f = open(self.path, "a+")
+        except OSError as e:
+            raise RunMismatchError(f"cannot write the lock file {self.path} ({e.strerror or e}): free space or "
+                                   "choose a writable --out") from None
         try:
             fcntl.flock(self._f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -91,10 +101,20 @@ class RunFolderLock:
             self._f.close()
             raise RunMismatchError(f"{out} is being written by another run (pid {holder}); wait for it to "
                                    f"finish or use another --out") from None
-        self._f.seek(0)
-        self._f.truncate()
-        self._f.write(f"{os.getpid()}\n")
-        self._f.flush()
+        try:
+            self._f.seek(0)
+            self._f.truncate()
+            self._f.write(f"{os.getpid()}\n")
+            self._f.flush()
+        except OSError as e:  # disk full: the folder holds no lock of ours afterwards
+            try:
+                self._f.close()
+            except OSError:  # the buffered pid cannot be written either
+                pass
+            if created:
+                self.path.unlink(missing_ok=True)
+            raise RunMismatchError(f"cannot write the lock file {self.path} ({e.strerror or e}): free space, then "
+                                   "rerun the same command; the finished tries are kept") from None
 
     def release(self) -> None:
         if not self._f.closed:
@@ -102,41 +122,26 @@ class RunFolderLock:
             self._f.close()
 
 
-class RecordsError(ValueError):
-    """A tries file that cannot be read as records; the message names the file, the line and what to do."""
-
-
 def read_records(path: Path) -> list[dict]:
-    """Records of a tries.jsonl; a torn last line (killed mid-write) is ignored."""
-    out = []
-    if not path.exists():
-        return out
-    with open(path) as f:
-        lines = f.read().split("\n")
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i < len(lines) - 2:  # only the last line can be torn by a kill
-                raise RecordsError(
-                    f"{path}: line {i + 1} is not JSON (a damaged record, not a torn last line): delete that "
-                    f"line and rerun to redo its try; the other records are kept") from None
-    return out
+    """Records of a tries.jsonl (none when it does not exist yet); :func:`eval.records.read_tries` reads them."""
+    return read_tries(path) if Path(path).exists() else []
 
 
 class TryLog:
-    """Append-only, flushed per record; repairs a torn last line on open."""
+    """Append-only, flushed per record; on open, cuts off a torn last line (:func:`eval.records.torn_tail`) and
+    ends a whole last record that lost only its newline."""
 
     def __init__(self, path: Path):
         self.path = path
         if path.exists():
             data = path.read_bytes()
-            if data and not data.endswith(b"\n"):
-                cut = data.rfind(b"\n") + 1
+            cut = torn_tail(data)
+            if cut < len(data):
                 with open(path, "r+b") as f:
                     f.truncate(cut)
+            elif data and not data.endswith(b"\n"):
+                with open(path, "ab") as f:
+                    f.write(b"\n")
         self._f = open(path, "a")
 
     def append(self, record: dict) -> None:
@@ -189,6 +194,9 @@ def _resume_state(cfg: RunConfig, out: Path, fresh: bool) -> set[tuple[str, int]
         except ValueError:
             raise RunMismatchError(f"{run_file} is not JSON: use another --out, or --fresh to start over") from None
         previous.pop("environment", None)
+        previous.pop("credentials", None)
+        if isinstance(previous.get("options"), dict):  # folders written before credentials were kept apart
+            previous["options"] = {k: v for k, v in previous["options"].items() if k not in SECRET_OPTIONS}
         old_predicate = previous.get("predicate", 1)  # run folders from before predicate versions are v1
         if old_predicate != cfg.predicate:
             raise RunMismatchError(
@@ -201,13 +209,27 @@ def _resume_state(cfg: RunConfig, out: Path, fresh: bool) -> set[tuple[str, int]
             )
     else:
         tmp = run_file.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({**cfg.identity(), "environment": environment_info()}, indent=1,
-                                  sort_keys=True) + "\n")
-        os.replace(tmp, run_file)
+        try:
+            written = {**cfg.identity(), "environment": environment_info()}
+            if cfg.credentials:
+                written["credentials"] = {k: f"set (from {source})" for k, source in cfg.credentials}
+            tmp.write_text(json.dumps(written, indent=1, sort_keys=True) + "\n")
+            os.replace(tmp, run_file)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise RunMismatchError(f"cannot write {run_file} ({e.strerror or e}): free space, then rerun the same "
+                                   "command") from None
     try:
-        done = {(r["setup"], int(r["try"])) for r in read_records(tries_file)}
+        records = read_records(tries_file)
     except RecordsError as e:
         raise RunMismatchError(str(e)) from None
+    done = set()
+    for r in records:
+        try:
+            done.add((str(r["setup"]), int(r["try"])))
+        except (KeyError, TypeError, ValueError):
+            raise RunMismatchError(f"{tries_file}: a record without its setup and try ({json.dumps(r)[:80]}): "
+                                   "delete that line and rerun to redo its try; the other records are kept") from None
     return done
 
 

@@ -131,7 +131,11 @@ class DeviceInfo:
         for g in self.gpus:
             lines.append(f"GPU {g.index}: {g.name}, driver {g.driver or '?'}, CUDA (driver) {g.cuda_driver or '?'}, "
                          f"compute capability {g.compute_capability or '?'}")
-        lines.append(f"CPU: {self.cpu.model}, {self.cpu.cores} cores" + (f" ({self.cpu.arch})" if self.cpu.arch else ""))
+        cpu = f"{self.cpu.model}, {self.cpu.cores} cores" + (f" ({self.cpu.arch})" if self.cpu.arch else "")
+        if self.kind == "cpu":  # the device is the CPU: named once
+            lines[0] = f"device: CPU: {cpu}"
+        else:
+            lines.append(f"CPU: {cpu}")
         s = self.software
         if s:
             lines.append(f"software: Python {s.python}, CUDA {s.cuda or 'none'}, TensorRT {s.tensorrt or 'none'}, "

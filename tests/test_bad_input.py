@@ -329,3 +329,80 @@ def test_a_connection_lost_twice_stops_the_run_in_one_line(tmp_path):
     line = _error_line(proc)
     assert "A01 try 0" in line and "dropped" in line
     assert not (out / "tries.jsonl").exists() or not (out / "tries.jsonl").read_text().strip()
+
+
+def test_disk_full_when_the_lock_is_written_is_one_line_and_leaves_no_lock(mount_tmpfs):
+    disk = mount_tmpfs("size=1m")
+    out = disk / "run"
+    out.mkdir()
+    filler = _fill(disk)
+    proc = _run(*ONE_TRY, "--out", str(out))
+    assert proc.returncode == 2
+    line = _error_line(proc)
+    assert str(out / ".writer.lock") in line and "No space left on device" in line and "free space" in line
+    assert not (out / ".writer.lock").exists() and not (out / "run.json").exists()
+    filler.unlink()
+    again = _run(*ONE_TRY, "--out", str(out))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert [r["try"] for r in _records(out)] == [0]
+
+
+def test_a_damaged_last_record_is_told_apart_from_a_torn_one_and_nothing_is_lost(tmp_path, one_try_run):
+    """A torn line has no newline (a kill mid-write); a last line that ends in one but is not a record is
+    damaged: named, with the advice a damaged middle line gets, and neither the run nor the report goes on."""
+    out = tmp_path / "run"
+    shutil.copytree(one_try_run, out)
+    damaged = (out / "tries.jsonl").read_text() + '{"setup": "A01", "tr\n'
+    (out / "tries.jsonl").write_text(damaged)
+    two = ("--model", "scripted", "--split", "dev", "--setups", "A01", "--tries", "2", "--out", str(out))
+    proc = _run(*two)
+    assert proc.returncode == 2
+    line = _error_line(proc)
+    assert str(out / "tries.jsonl") in line and "line 2" in line and "delete that line" in line
+    assert (out / "tries.jsonl").read_text() == damaged  # nothing run, nothing appended after the bad line
+    report = subprocess.run([sys.executable, "-m", "eval.report", "--tries", str(out / "tries.jsonl"), "--out",
+                             str(tmp_path / "report")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert report.returncode != 0 and "Traceback" not in report.stderr
+    assert "line 2" in report.stderr and "delete that line" in report.stderr
+    (out / "tries.jsonl").write_text(damaged.rsplit("\n", 2)[0] + "\n")
+    proc = _run(*two)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(r["try"] for r in _records(out)) == [0, 1]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--model", "octo-small", "--random-weights", "--exec-horizon", "0"), "--exec-horizon must be 1..4"),
+    (("--model", "octo-small", "--random-weights", "--exec-horizon", "99"), "--exec-horizon must be 1..4"),
+    (("--model", "octo-small", "--random-weights", "--backend", "torch"), "octo-small has no backend 'torch'"),
+    (("--model", "scripted", "--step-timeout", "inf"), "--step-timeout must be a positive, finite number"),
+])
+def test_every_option_is_checked_before_the_run_folder_is_written(tmp_path, args, needle):
+    out = tmp_path / "run"
+    proc = _run(*args, "--split", "dev", "--setups", "A01", "--tries", "1", "--out", str(out))
+    assert proc.returncode == 2
+    assert needle in _error_line(proc)
+    assert not (out / "run.json").exists()  # a corrected command needs no --fresh
+
+
+def test_repeated_ctrl_c_stays_one_line_and_loses_nothing(tmp_path):
+    out = tmp_path / "run"
+    args = ("--model", "scripted", "--split", "dev", "--setups", "A01", "--tries", "6", "--workers", "2",
+            "--out", str(out))
+    proc = subprocess.Popen([sys.executable, "-m", "eval.run", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not (out / "tries.jsonl").exists() or not (out / "tries.jsonl").read_text().strip():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    for _ in range(3):  # three Ctrl-C within 0.4 s: the second and third land while the run closes its workers
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.13)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert "interrupted" in _error_line(subprocess.CompletedProcess([], 130, "", err))
+    kept = _records(out)
+    again = _run(*args)
+    assert again.returncode == 0, again.stderr[-2000:]
+    recs = _records(out)
+    assert recs[:len(kept)] == kept and sorted(r["try"] for r in recs) == list(range(6))

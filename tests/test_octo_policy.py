@@ -249,6 +249,26 @@ def test_instruction_cache_memory_and_folder(tmp_path):
     assert calls == [INSTRUCTION, INSTRUCTION]  # another checkpoint: encoded again
 
 
+def test_a_damaged_cached_embedding_is_encoded_again_with_one_line(tmp_path, capsys):
+    from engines.octo.text import InstructionCache
+
+    calls = []
+
+    def encode(text):
+        calls.append(text)
+        return np.full((16, 4), 3.0, np.float32)
+
+    c = InstructionCache("ckpt-d", encode, tmp_path)
+    c(INSTRUCTION)
+    (f,) = [p for p in tmp_path.rglob("*.npy")]
+    f.write_bytes(f.read_bytes()[:40])  # a truncated file: np.load would fail on it
+    InstructionCache._memory.pop(("ckpt-d", INSTRUCTION))
+    capsys.readouterr()
+    np.testing.assert_array_equal(InstructionCache("ckpt-d", encode, tmp_path)(INSTRUCTION), np.full((16, 4), 3.0))
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert calls == [INSTRUCTION, INSTRUCTION] and len(err) == 1 and str(f) in err[0] and "damaged" in err[0]
+
+
 # ------------------------------------------------------------------ backends
 def test_backend_choice_is_checked_in_one_line():
     for backend, what in (("tpu", "valid: jax, ort, trt"), ("trt", "backend 'trt' needs TensorRT")):

@@ -142,3 +142,52 @@ def test_backbone_feeds_helper_still_fits(exported):
     r = OnnxRuntimeRunner(graphs.backbone).activate()
     assert r.infer(backbone_feeds(engine.cfg, images, masks, lang))["readout"].shape == (1, engine.cfg.token_dim)
     r.deactivate()
+
+
+def _one_line(capsys, *needles) -> str:
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1, lines
+    assert all(n in lines[0] for n in needles), lines[0]
+    return lines[0]
+
+
+def test_a_damaged_rewritten_copy_is_built_again_with_one_line(exported, tmp_path, capsys):
+    _, graphs = exported
+    first = ort_optimized(graphs.backbone, cache=tmp_path)
+    good = first.read_bytes()
+    first.write_bytes(good[: len(good) // 2])  # what a killed copy or a full disk leaves
+    capsys.readouterr()
+    assert ort_optimized(graphs.backbone, cache=tmp_path) == first
+    _one_line(capsys, str(first), "damaged", "building it again")
+    assert first.read_bytes() == good
+    import onnxruntime as ort
+
+    ort.InferenceSession(str(first), providers=["CPUExecutionProvider"])  # loads: the INVALID_PROTOBUF is gone
+
+
+def test_a_damaged_export_in_the_build_folder_is_named_and_not_used(exported, tmp_path, capsys):
+    import shutil
+
+    from engines.octo.export import file_stem, matching_export, params_digest
+
+    engine, graphs = exported
+    stem = file_stem(engine.cfg.name)
+    for part, src in (("backbone", graphs.backbone), ("sampler", graphs.sampler)):
+        shutil.copy(src, tmp_path / f"{stem}_{part}.onnx")
+    digest = params_digest(engine.params)
+    assert matching_export(tmp_path, stem, digest) is not None
+    broken = tmp_path / f"{stem}_backbone.onnx"
+    broken.write_bytes(broken.read_bytes()[:1000])
+    capsys.readouterr()
+    assert matching_export(tmp_path, stem, digest) is None
+    _one_line(capsys, str(broken), "delete it or rebuild it with make engines")
+
+
+def test_a_damaged_export_in_the_cache_is_exported_again(exported, capsys):
+    engine, graphs = exported
+    good = graphs.sampler.read_bytes()
+    graphs.sampler.write_bytes(good[:100])
+    capsys.readouterr()
+    again = onnx_for_engine(engine, search=(), progress=False)
+    assert again == graphs and graphs.sampler.read_bytes() == good  # the export is byte-stable
+    _one_line(capsys, str(graphs.sampler), "damaged")

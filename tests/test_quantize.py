@@ -161,6 +161,14 @@ def test_calibration_files_name_their_tries_and_hash(tmp_path):
     assert sum(len(f["state"]) for f in cal.feeds()) == 130
     with pytest.raises(FileNotFoundError, match="python -m benchmarks.record_queries --only bc-calib"):
         quantize.bc_calibration(tmp_path / "missing" / quantize.BC_CALIB.name)
+    damaged = tmp_path / "damaged.npz"
+    damaged.write_bytes((tmp_path / "bc.npz").read_bytes()[:500])
+    from engines.onnx_utils import BadModelFileError
+
+    with pytest.raises(BadModelFileError) as e:
+        quantize.bc_calibration(damaged)
+    assert str(damaged) in str(e.value) and "delete it and run make engines" in str(e.value)
+    assert "\n" not in str(e.value)
 
 
 def test_goal_inputs_missing_from_a_recording_are_fed_zeros():

@@ -420,3 +420,40 @@ def test_a_served_try_keeps_its_round_trips_in_its_record():
     served = build_summary([record.to_json()], model="remote")["served"]  # what summary.json and REPORT.md show
     assert served["queries"] == 4 and served["rtt_ms"]["p50"] >= served["server_ms"]["p50"] > 0
     assert served["stale_ratio"] is None  # no --live-latency
+
+
+def test_a_served_runs_token_is_written_to_no_file_of_the_run_or_the_site(tmp_path):
+    """The real command lines: eval.serve with a token, eval.run given it by flag and by $SAB_REMOTE_TOKEN, then
+    eval.site over both folders; the token's bytes are in none of the files written."""
+    token = "tok-3f9c1d7e-never-written"
+    proc = subprocess.Popen([sys.executable, "-m", "eval.serve", "--model", "bc-state", "--port", "0",
+                             "--token", token], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs = {"flag": tmp_path / "by_flag", "env": tmp_path / "by_env"}
+    try:
+        line = proc.stdout.readline()
+        assert "serving bc-state" in line, proc.stderr.read()
+        url = line.split(" on ")[1].split()[0]
+        common = ["--model", "remote", "--server", url, "--profile", "bc-state", "--split", "dev", "--setups", "A01",
+                  "--tries", "1"]
+        for how, out in runs.items():
+            env = dict(os.environ, SAB_REMOTE_TOKEN=token) if how == "env" else dict(os.environ)
+            if how == "flag":
+                env.pop("SAB_REMOTE_TOKEN", None)
+            args = common + (["--token", token] if how == "flag" else []) + ["--out", str(out)]
+            r = subprocess.run([sys.executable, "-m", "eval.run", *args], cwd=REPO_ROOT, capture_output=True,
+                               text=True, timeout=600, env=env)
+            assert r.returncode == 0, r.stderr[-2000:]
+            assert token not in r.stdout + r.stderr
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert json.loads((runs["flag"] / "run.json").read_text())["credentials"] == {"token": "set (from --token)"}
+    assert json.loads((runs["env"] / "run.json").read_text())["credentials"] == {"token": "set (from $SAB_REMOTE_TOKEN)"}
+    site = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "eval.site", "--runs", *map(str, runs.values()), "--out", str(site),
+                        "--n-boot", "50"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    written = [p for root in (*runs.values(), site) for p in root.rglob("*") if p.is_file()]
+    assert len(written) > 10 and any(p.name == "index.html" for p in written)
+    leaked = [str(p) for p in written if token.encode() in p.read_bytes()]
+    assert not leaked, leaked

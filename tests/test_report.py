@@ -281,7 +281,7 @@ def test_load_tries(tmp_path):
     with pytest.raises(ReportError, match="line 2"):
         load_tries(p)
     p.write_text('[1, 2]\n{"setup": "A01", "try": 1, "success": 0}\n')
-    with pytest.raises(ReportError, match="not a JSON object"):
+    with pytest.raises(ReportError, match="line 1 is not a JSON record"):
         load_tries(p)
     with pytest.raises(ReportError, match="no such file"):
         load_tries(tmp_path / "missing.jsonl")

@@ -361,3 +361,14 @@ def test_setup_pins_cuda_python_below_13_in_the_trt_extra():
     call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "setup")
     extras = ast.literal_eval(next(k.value for k in call.keywords if k.arg == "extras_require"))
     assert extras["trt"] == [runners.CUDA_PYTHON_SPEC] == ["cuda-python>=12.6,<13"]
+
+
+def test_a_damaged_engine_in_the_cache_is_built_again_with_one_line(tmp_path, monkeypatch, capsys):
+    f = fake_trt.install(monkeypatch, major=10)
+    path = trt.build_engine(GOLDEN, tmp_path, "golden", "fp16", batch_max=4)
+    path.write_bytes(path.read_bytes()[:4])  # a truncated copy
+    capsys.readouterr()
+    assert trt.build_engine(GOLDEN, tmp_path, "golden", "fp16", batch_max=4) == path
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(path) in err[0] and "damaged" in err[0]
+    assert f.trt.state.builds == 2 and path.read_bytes() == ENGINE_BYTES

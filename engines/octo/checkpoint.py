@@ -43,8 +43,9 @@ REQUIRED_FILES = ("config.json", "dataset_statistics.json", "example_batch.msgpa
 
 def get_hint(model: str | None) -> str:
     repo = HF_REPOS.get(model or "", "rail-berkeley/octo-small-1.5 (or octo-base-1.5)")
-    return (f"get the files with `huggingface-cli download {repo}` on a machine with internet, then pass "
-            f"--checkpoint DIR (the downloaded folder) or copy its Hugging Face cache here")
+    return (f"get the files with `huggingface-cli download {repo}` and its tokenizer with `huggingface-cli download "
+            f"google-t5/t5-base spiece.model` on a machine with internet, then pass --checkpoint DIR (the downloaded "
+            f"folder, spiece.model beside it) or copy both into the Hugging Face cache here")
 
 
 @dataclass

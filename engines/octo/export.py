@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -258,43 +259,52 @@ def file_stem(model: str) -> str:
     return model.replace("-", "_")
 
 
-def matching_export(folder: Path, stem: str, digest: str) -> OctoOnnx | None:
-    """An export in ``folder`` whose metadata says it holds these weights in this format, else None."""
+def matching_export(folder: Path, stem: str, digest: str, sealed: bool = False) -> OctoOnnx | None:
+    """An export in ``folder`` whose metadata says it holds these weights in this format, else None. A file
+    that cannot be read is said in one line naming it; ``sealed`` (a cache folder): a damaged entry is removed
+    (:func:`engines.cache.reuse`) and exported again by the caller."""
+    from engines.cache import reuse
     from engines.onnx_utils import BadModelFileError, metadata
 
     found = OctoOnnx(folder / f"{stem}_backbone.onnx", folder / f"{stem}_sampler.onnx")
     if not found.exists():
+        return None
+    if sealed and not all([reuse(p, "ONNX export") for p in (found.backbone, found.sampler)]):
         return None
     try:
         for p in (found.backbone, found.sampler):
             m = metadata(p)
             if m.get("params_sha256") != digest or m.get("format") != EXPORT_FORMAT:
                 return None
-    except BadModelFileError:
-        return None  # a broken file is re-exported, not used
+    except BadModelFileError as e:  # make engines' output, damaged: named, and not used
+        print(f"{str(e).split(';')[0]}: delete it or rebuild it with make engines; exporting these weights into "
+              f"the cache meanwhile", file=sys.stderr)
+        return None
     return found
-
-
-def cache_dir() -> Path:
-    from engines.backends import onnx_cache_dir
-
-    return onnx_cache_dir()
 
 
 def onnx_for_engine(engine, search: Sequence[Path] = (BUILD_DIR,), progress: bool = True) -> OctoOnnx:
     """The ONNX graphs of an engine's model: from ``make engines``' folder or the cache when the weights
-    match, else exported into the cache once (keyed by the parameter digest)."""
+    match, else exported into the cache once (keyed by the parameter digest, sealed: :mod:`engines.cache`)."""
+    import tempfile
+
+    from engines.cache import onnx_dir, write_sealed
+
     digest = params_digest(engine.params)
     stem = file_stem(engine.cfg.name)
     for folder in search:
         hit = matching_export(Path(folder), stem, digest)
         if hit:
             return hit
-    folder = cache_dir()
+    folder = onnx_dir()
     keyed = f"{stem}_{digest[:16]}_f{EXPORT_FORMAT.rsplit('/', 1)[-1]}"  # graphs of an older format: other files
-    hit = matching_export(folder, keyed, digest)
+    hit = matching_export(folder, keyed, digest, sealed=True)
     if hit:
         return hit
-    return export_octo(engine.cfg, engine.params, folder, keyed, source=engine.identity,
-                       random_weights=engine.random_weights, digest=digest, progress=progress)
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".export-") as tmp:  # then each graph moved in, sealed
+        made = export_octo(engine.cfg, engine.params, tmp, keyed, source=engine.identity,
+                           random_weights=engine.random_weights, digest=digest, progress=progress)
+        return OctoOnnx(*(write_sealed(folder / p.name, lambda t, p=p: os.replace(p, t))
+                          for p in (made.backbone, made.sampler)))
 

@@ -41,7 +41,6 @@ loads. Parity with JAX is tested (tests/test_ort_optimize.py) and measured by
 from __future__ import annotations
 
 import math
-import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -584,16 +583,18 @@ def optimize_model(model, passes=ALL_PASSES) -> dict[str, int]:
 
 
 def ort_cache_dir() -> Path:
-    from engines.backends import onnx_cache_dir
+    from engines.cache import ort_optimized_dir
 
-    return onnx_cache_dir() / "ort-optimized"
+    return ort_optimized_dir()
 
 
 def ort_optimized(path: str | Path, passes=ALL_PASSES, cache: str | Path | None = None) -> Path:
     """The rewritten copy of the graph at ``path`` (made once, in ``cache`` or :func:`ort_cache_dir`, named by
-    the source's stem and a hash of its sha256, the passes and :data:`OPTIMIZE_VERSION`); ``path`` itself
-    when no rewrite applies (remembered by an empty marker file)."""
+    the source's stem and a hash of its sha256, the passes and :data:`OPTIMIZE_VERSION`; sealed, so that a
+    damaged copy is rebuilt: :mod:`engines.cache`); ``path`` itself when no rewrite applies (remembered by an
+    empty marker file)."""
     onnx = require("onnx", "export")
+    from engines.cache import reuse, write_sealed
     from engines.onnx_utils import sha256_file
 
     path = Path(path)
@@ -603,7 +604,7 @@ def ort_optimized(path: str | Path, passes=ALL_PASSES, cache: str | Path | None 
     folder = Path(cache) if cache is not None else ort_cache_dir()
     out = folder / f"{path.stem}.{key}.onnx"
     unchanged = folder / f"{path.stem}.{key}.unchanged"
-    if out.is_file():
+    if reuse(out, "ONNX Runtime graph"):
         return out
     if unchanged.is_file():
         return path
@@ -615,7 +616,4 @@ def ort_optimized(path: str | Path, passes=ALL_PASSES, cache: str | Path | None 
         return path
     entry = model.metadata_props.add()
     entry.key, entry.value = "ort_optimize", f"v{OPTIMIZE_VERSION} " + " ".join(f"{k}={v}" for k, v in stats.items())
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    onnx.save(model, str(tmp))
-    os.replace(tmp, out)
-    return out
+    return write_sealed(out, lambda tmp: onnx.save(model, str(tmp)))

@@ -32,6 +32,7 @@ from typing import Callable
 
 import numpy as np
 
+from engines.cache import reuse, write_sealed
 from engines.octo.errors import OctoTokenizerError
 
 ENV_VAR = "OCTO_T5_TOKENIZER"
@@ -172,16 +173,13 @@ class InstructionCache:
         if key in self._memory:
             return self._memory[key]
         f = self._file(text)
-        if f is not None and f.is_file():
+        if f is not None and reuse(f, "instruction embedding"):  # sealed: a damaged file is encoded again
             emb = np.load(f)
         else:
             self.misses += 1
             emb = np.asarray(self.encode(text), np.float32)
             if f is not None:
-                f.parent.mkdir(parents=True, exist_ok=True)
-                tmp = f.with_suffix(".tmp.npy")
-                np.save(tmp, emb)
-                os.replace(tmp, f)
+                write_sealed(f, lambda tmp: np.save(tmp, emb))
         emb.setflags(write=False)
         self._memory[key] = emb
         return emb

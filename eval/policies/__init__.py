@@ -122,12 +122,18 @@ OCTO_OPTIONS = ("checkpoint", "random_weights", "exec_horizon", "temporal_ensemb
 
 
 def _octo_check(model: str):
-    def check(checkpoint=None, random_weights=False, goal_image=None, backend=None, precision=None, **_):
-        if precision:
-            from engines.backends import model_backend
+    def check(checkpoint=None, random_weights=False, goal_image=None, backend=None, precision=None,
+              exec_horizon=None, **_):
+        from engines.backends import model_backend
+        from engines.octo.config import PRESETS
 
-            b = model_backend(model, backend)
+        b = model_backend(model, backend)  # a backend the model has none of: one line, before any run folder
+        if precision:
             _check_precision(b, resolve_precision(b, precision, "fp32"))
+        horizon = PRESETS[model]().action_horizon
+        if exec_horizon is not None and not 1 <= exec_horizon <= horizon:
+            raise ValueError(f"--exec-horizon must be 1..{horizon} (the actions {model} predicts per query), got "
+                             f"{exec_horizon}")
         if goal_image and goal_image != "solved":
             from eval.policies.octo import read_goal_image
 
@@ -151,10 +157,10 @@ def _bc_state_weights(checkpoint=None, **_):
 
 
 def _bc_state_check(checkpoint=None, backend=None, precision=None, **_):
-    if precision:
-        from engines.backends import model_backend
+    from engines.backends import model_backend
 
-        b = model_backend("bc-state", backend)
+    b = model_backend("bc-state", backend)
+    if precision:
         _check_precision(b, resolve_precision(b, precision, "fp32"))
     from engines.bc_mlp import DEFAULT_WEIGHTS, load
 
@@ -175,6 +181,9 @@ def _remote_check(server=None, protocol=None, profile=None, token=None, **_):
 
 
 REMOTE_OPTIONS = ("server", "protocol", "profile", "token", "live_latency")
+# options that are credentials: handed to the workers in memory, never written (run.json keeps only where a
+# token came from, eval.runner.RunConfig.credentials)
+SECRET_OPTIONS = frozenset({"token"})
 
 MODELS: Mapping[str, ModelSpec] = MappingProxyType({
     m.name: m for m in (

@@ -364,7 +364,7 @@ class OctoPolicy(Policy):
         cfg = self.engine.cfg
         self.cfg = cfg
         horizon = cfg.action_horizon
-        self.exec_horizon = int(exec_horizon) if exec_horizon else horizon
+        self.exec_horizon = int(exec_horizon) if exec_horizon is not None else horizon
         if not 1 <= self.exec_horizon <= horizon:
             raise ValueError(f"--exec-horizon must be 1..{horizon} (the predicted chunk), got {exec_horizon}")
         self.temporal_ensembling = bool(temporal_ensembling)

@@ -181,7 +181,7 @@ class Link:
             self.ws = None
 
 
-TOKEN_ENV = "SAB_REMOTE_TOKEN"  # the token, when --token is not given (a --token is written into run.json)
+TOKEN_ENV = "SAB_REMOTE_TOKEN"  # the token, when --token is not given (neither is ever written to a file)
 
 
 def resolve_token(token: str | None) -> str | None:

@@ -66,35 +66,14 @@ class ReportError(ValueError):
 # Loading
 # --------------------------------------------------------------------------
 def load_tries(path: str | Path) -> list[dict]:
-    """Records of a ``tries.jsonl``, one JSON object per line.
+    """Records of a ``tries.jsonl`` (:func:`eval.records.read_tries`: a torn last line is ignored, a damaged
+    line named); :class:`ReportError` (one line) for a file that cannot be read as records."""
+    from eval.records import RecordsError, read_tries
 
-    Blank lines are skipped.  A last line that is not valid JSON (torn by a
-    kill mid-write) is ignored; bad JSON on any other line, or a line that
-    is not a JSON object, raises :class:`ReportError` naming file and line.
-    """
-    path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ReportError(f"{path}: no such file") from None
-    except OSError as e:
-        raise ReportError(f"{path}: cannot read ({e.strerror or e})") from None
-    except UnicodeDecodeError:
-        raise ReportError(f"{path}: not UTF-8 text") from None
-    lines = text.split("\n")
-    numbered = [(i + 1, ln) for i, ln in enumerate(lines) if ln.strip()]
-    out: list[dict] = []
-    for j, (lineno, line) in enumerate(numbered):
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            if j == len(numbered) - 1:
-                break  # torn last line
-            raise ReportError(f"{path}: line {lineno} is not JSON ({e.msg})") from None
-        if not isinstance(rec, dict):
-            raise ReportError(f"{path}: line {lineno} is not a JSON object")
-        out.append(rec)
-    return out
+        return read_tries(path)
+    except RecordsError as e:
+        raise ReportError(str(e)) from None
 
 
 # --------------------------------------------------------------------------
