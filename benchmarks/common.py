@@ -1,5 +1,5 @@
 """What every benchmark shares: the machine it ran on, the command that reproduces it, timing statistics,
-a printed table and the JSON file under ``results/benchmarks/``.
+a printed table, its rows as they finish (RowLog) and the JSON file under ``results/benchmarks/``.
 
 Numbers are only worth committing from a quiet machine: every result carries the load average at its
 start and end, so a reader can tell a loaded run from a clean one.
@@ -104,17 +104,85 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
     Console(width=None if sys.stdout.isatty() else 160).print(table)  # piped: not rich's 80 columns
 
 
-def write_result(name: str, out_dir: str | Path | None, module: str, argv: Sequence[str] | None, quick: bool,
-                 results: dict[str, Any], mach: dict[str, Any]) -> Path:
-    """results/benchmarks/<name>.json, or runs/benchmarks/<name>.quick.json for a dry run (never under
-    results/, where committed results live), with the machine, the load average at start and end, and the
-    reproducing command."""
+def result_path(name: str, out_dir: str | Path | None, quick: bool, suffix: str = ".json") -> Path:
+    """<out>/<name>[.quick]<suffix>, its folder made; a --quick result under results/ is a BenchmarkError."""
     out = Path(out_dir) if out_dir is not None else (QUICK_DIR if quick else RESULTS_DIR)
     if quick and (ROOT / "results") in (out.resolve(), *out.resolve().parents):
         raise BenchmarkError(f"--quick results mean nothing and never go under {ROOT / 'results'}: "
                              f"pass another --out-dir (default {QUICK_DIR})")
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{name}{'.quick' if quick else ''}.json"
+    return out / f"{name}{'.quick' if quick else ''}{suffix}"
+
+
+def json_default(x: Any):
+    """numpy scalars and arrays as their Python values; anything else as its str."""
+    if isinstance(x, (np.floating, np.integer, np.bool_)):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return str(x)
+
+
+class JsonLines:
+    """One JSON object a line, each flushed and synced as it is written: a process killed at any moment leaves
+    every line it finished (at most a torn last one, which read_json_lines skips)."""
+
+    def __init__(self, path: str | Path, mode: str = "a"):
+        self.path = Path(path)
+        self._f = open(self.path, mode)
+
+    def write(self, doc: dict) -> None:
+        self._f.write(json.dumps(doc, default=json_default) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_json_lines(path: str | Path) -> list[dict]:
+    """The objects of a JSON-lines file (none if it is absent); a line cut by a kill is skipped."""
+    rows = []
+    path = Path(path)
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return rows
+
+
+ROWS_SUFFIX = ".rows.jsonl"
+
+
+class RowLog:
+    """A benchmark's rows as each finishes: <out>/<name>[.quick].rows.jsonl, one JSON line a row, written anew by
+    each run. A run killed on the way (the device check's step timeout) leaves its finished rows there, and
+    benchmarks.device_check puts them in the step's record; write_result removes the file once the result JSON,
+    which holds every row, is in place."""
+
+    def __init__(self, name: str, out_dir: str | Path | None, quick: bool):
+        self._lines = JsonLines(result_path(name, out_dir, quick, ROWS_SUFFIX), "w")
+        self.path = self._lines.path
+        self.rows: list[dict] = []
+
+    def append(self, row: dict) -> dict:
+        self._lines.write(row)
+        self.rows.append(row)
+        return row
+
+    def remove(self) -> None:
+        self._lines.close()
+        self.path.unlink(missing_ok=True)
+
+
+def write_result(name: str, out_dir: str | Path | None, module: str, argv: Sequence[str] | None, quick: bool,
+                 results: dict[str, Any], mach: dict[str, Any], row_log: RowLog | None = None) -> Path:
+    """results/benchmarks/<name>.json, or runs/benchmarks/<name>.quick.json for a dry run (never under
+    results/, where committed results live), with the machine, the load average at start and end, and the
+    reproducing command. ``row_log``: the run's RowLog, removed once the JSON is written."""
+    path = result_path(name, out_dir, quick)
     doc = {
         "schema": SCHEMA,
         "benchmark": name,
@@ -127,6 +195,8 @@ def write_result(name: str, out_dir: str | Path | None, module: str, argv: Seque
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
     os.replace(tmp, path)
+    if row_log is not None:
+        row_log.remove()
     print(f"wrote {path}")
     return path
 

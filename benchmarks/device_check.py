@@ -23,18 +23,26 @@ Steps, in order; the first five need nothing beyond a machine with torch and JAX
                        memory, byte-identical, host<->device bytes counted; the numpy route as a control
   onnx-trt             ONNX export of bc-state and octo-small, ONNX Runtime (CPU) reference, TensorRT FP32/FP16
                        engines, parity and CUDA-event latency (where TensorRT exists)
+  trt-int8-qdq         INT8 Q/DQ graphs of bc-state and the octo-small backbone (engines.quantize): ONNX Runtime
+                       int8 vs fp32, and a TensorRT INT8 engine from the same Q/DQ graph (where TensorRT exists)
   gpu-physics          benchmarks.gpu_physics_check: the scripted reference on CPU PhysX vs one GPU batch
   octo-camera-batch    benchmarks.octo_rollout --sim gpu --num-envs 1,8,32,64 --backends jax
   bc-state-gpu-scenes  eval.orin, bc-state on 32 GPU-PhysX scenes of A01
 
 Parity: the largest absolute and relative (engines.backends.rel_err) difference of the normalised actions for
-identical inputs and noise. Octo on the GPU runs at JAX's default matmul precision (TF32 on Hopper); when that
-differs from the CPU by more than the tolerance, the batch is compared again at "highest" precision, and the
-row says which one passed.
+identical inputs and noise. Octo's parity is checked at "highest" matmul precision (full fp32) for every batch,
+against CPU JAX at "highest": JAX's default on Ampere and newer GPUs is TF32, which is not fp32 and would miss
+the tolerance for reasons of its own. The timings stay at the default precision, as a user runs it, and the row
+says so (``timed_at``); its difference from the CPU at that precision is recorded beside, for information.
+Every batch size is compiled once per precision (inputs put on the device uncommitted, inside
+``jax.default_device``), and the step checks it in the jitted function's cache: another compile fails the row.
+
+The external steps (gpu-physics, octo-camera-batch) write each row as it finishes (benchmarks.common.RowLog),
+and eval.orin each try (its tries.jsonl): a step killed at its timeout keeps those rows in its record.
 
 ``--dry-run`` runs the same steps on the CPU (JAX and torch on the CPU, the tiny test Octo of
-engines.octo.testing in place of the real ones, small batches, TensorRT rows skipped, CPU scenes) under the
-same limits: timeouts, budget, incremental JSON and file count.
+engines.octo.testing in place of the real ones at the same batches, small batches elsewhere, TensorRT rows
+skipped, CPU scenes) under the same limits: timeouts, budget, incremental JSON and file count.
 """
 
 from __future__ import annotations
@@ -57,6 +65,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from benchmarks.common import ROWS_SUFFIX, JsonLines, json_default, read_json_lines, stats_ms
+
 SCHEMA = "shape-assembly-bench/device_check/2"
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 450.0  # the device tool runs a command for at most 10 minutes; this check stays under 8
@@ -68,7 +78,8 @@ TAR_FILE_MAX = 4 << 20  # bytes; larger files (ONNX, engines, videos) stay in th
 TAR_TOTAL_MAX = 15 << 20  # the device tool returns files of at most 16 MiB
 # fp32 TensorRT engines are built with TF32 off (engines.trt), so they should match ORT closely; fp16 within a few %
 TRT_TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}
-OCTO_TOLERANCE = 1e-3  # relative, GPU JAX vs CPU JAX (fp32; at "highest" precision if the default misses it)
+OCTO_TOLERANCE = 1e-3  # relative, GPU JAX vs CPU JAX, both at PARITY_PRECISION
+PARITY_PRECISION = "highest"  # full fp32 matmuls: JAX's GPU default (TF32 on Ampere and newer) is not fp32
 BC_TOLERANCE = 1e-4  # relative, torch CUDA fp32 vs torch CPU
 # relative, TensorRT INT8 vs ONNX Runtime running the same Q/DQ graph (same scales; kernels round differently)
 TRT_INT8_TOLERANCE = 5e-2
@@ -76,9 +87,9 @@ TRT_INT8_TOLERANCE = 5e-2
 WHY_MISSING = {
     "tensorrt": "tensorrt is not installed (JetPack ships it; NVIDIA's x86 wheels are over 1 GB, too big to carry "
                 "in the device tool's 64 MiB tree)",
-    "sapien": "sapien is not installed (its wheel, 101 MB, is too big to carry in the device tool's 64 MiB tree; "
-              "pip install -e '.[sim]' where a registry is reachable)",
-    "mani_skill": "mani_skill is not installed (its wheel, 51 MB, is too big to carry in the device tool's 64 MiB "
+    "sapien": "sapien is not installed (its wheel, 51 MB, and mani-skill's, 101 MB, which it is used with, are too "
+              "big to carry in the device tool's 64 MiB tree; pip install -e '.[sim]' where a registry is reachable)",
+    "mani_skill": "mani_skill is not installed (its wheel, 101 MB, is too big to carry in the device tool's 64 MiB "
                   "tree; pip install -e '.[sim]' where a registry is reachable)",
     "jax2onnx": "jax2onnx is not installed (carry it in .whl/: see the header of benchmarks/device_check.sh)",
 }
@@ -153,24 +164,15 @@ class StepContext:
     def __init__(self, name: str, dry_run: bool, work: Path, rows: Path):
         self.name, self.dry_run, self.work, self.rows_path = name, dry_run, work, rows
         self.work.mkdir(parents=True, exist_ok=True)
-        self._rows = open(rows, "a", buffering=1)  # line-buffered: a killed step keeps its finished rows
+        self._rows = JsonLines(rows)  # each row flushed as it is emitted: a killed step keeps its finished rows
 
     def emit(self, row: dict) -> None:
-        self._rows.write(json.dumps(row, default=_json_default) + "\n")
-        self._rows.flush()
+        self._rows.write(row)
         print(f"{self.name}: {_brief(row)}", flush=True)
 
     def skip(self, reason: str) -> int:
         self.emit({"skipped": reason})
         return 0
-
-
-def _json_default(x: Any):
-    if isinstance(x, (np.floating, np.integer)):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    return str(x)
 
 
 def _brief(row: dict) -> str:
@@ -179,8 +181,6 @@ def _brief(row: dict) -> str:
 
 
 def _stats(ms: list[float]) -> dict:
-    from benchmarks.common import stats_ms
-
     return stats_ms(ms)
 
 
@@ -255,7 +255,6 @@ def step_system(ctx: StepContext) -> int:
 def step_jax_octo(ctx: StepContext, model: str) -> int:
     import jax
 
-    from engines.backends import rel_err
     from engines.octo.engine import OctoEngine, get_engine
 
     cpu = jax.devices("cpu")[0]
@@ -267,7 +266,7 @@ def step_jax_octo(ctx: StepContext, model: str) -> int:
             return ctx.skip(f"JAX has no GPU backend here (default backend {jax.default_backend()}; "
                             f"install JAX with its CUDA plugin)")
         accel = gpus[0]
-    batches, ref_batch = ((1, 2), 2) if ctx.dry_run else ((1, 8, 64), 8)
+    batches, ref_batch = (1, 8, 64), 8  # the dry run too: the tiny model is cheap at 64
     queries = {1: 30, 8: 20, 64: 10}
     warmup = 2 if ctx.dry_run else 3
 
@@ -303,42 +302,65 @@ def step_jax_octo(ctx: StepContext, model: str) -> int:
     def inputs(b: int):
         return [i[:b] for i in images], masks[:b], lang[:b], (init[:b], steps[:, :b])
 
-    with jax.default_device(cpu):
+    with jax.default_device(cpu), jax.default_matmul_precision(PARITY_PRECISION):
         imgs, m, lg, noise = inputs(ref_batch)
         t0 = time.monotonic()
         ref_out = ref.predict(imgs, m, lg, noise=noise)
         ref_s = time.monotonic() - t0
     del ref
     ctx.emit({"kind": "reference", "model": name, "device": str(cpu), "batch": ref_batch,
-              "first_call_s": round(ref_s, 2), "engines_load_s": round(load_s, 2)})
+              "matmul_precision": PARITY_PRECISION, "first_call_s": round(ref_s, 2),
+              "engines_load_s": round(load_s, 2)})
 
+    timed_at = jax.config.jax_default_matmul_precision or "default"
     for b in _progress(batches, f"{name} batches"):
+        n = min(b, ref_batch)
         with jax.default_device(accel):
             imgs, m, lg, noise = inputs(b)
+            before = _jit_entries(eng)
             t0 = time.monotonic()
             out = eng.predict(imgs, m, lg, noise=noise)  # compiles this batch size
             first_s = time.monotonic() - t0
             q = 3 if ctx.dry_run else queries[b]
             host_ms = _time_predict(eng, (imgs, m, lg, noise), warmup, q)
-            on_device = jax.device_put((imgs, m, lg, noise), accel)
+            # uncommitted, on the default device (accel): committed arrays would be a second compile of this shape
+            on_device = jax.device_put((imgs, m, lg, noise))
             jax.block_until_ready(on_device)
             dev_ms = _time_predict(eng, on_device, warmup, q)
-        n = min(b, ref_batch)
-        err = {"rows_compared": n, "vs": f"CPU JAX at batch {ref_batch}, same inputs and noise",
-               "max_abs": float(np.max(np.abs(out[:n] - ref_out[:n]))), "rel": rel_err(out[:n], ref_out[:n]),
-               "tolerance": OCTO_TOLERANCE, "matmul_precision": str(jax.config.jax_default_matmul_precision)}
-        passed = err["rel"] <= OCTO_TOLERANCE
-        if not passed and b == ref_batch:  # TF32 or a real difference? the same batch at full fp32 precision
-            with jax.default_device(accel), jax.default_matmul_precision("highest"):
-                hi = eng.predict(imgs, m, lg, noise=noise)
-            err["highest"] = {"max_abs": float(np.max(np.abs(hi - ref_out))), "rel": rel_err(hi, ref_out)}
-            passed = err["highest"]["rel"] <= OCTO_TOLERANCE
-        h2d = sum(i.nbytes for i in imgs) + m.nbytes + lg.nbytes + noise[0].nbytes + noise[1].nbytes
-        ctx.emit({"model": name, "weights": eng.identity, "device": str(accel), "batch": b,
-                  "status": "ok" if passed else "parity-failed", "first_call_s": round(first_s, 2),
-                  "predict_ms": _stats(host_ms), "device_inputs_ms": _stats(dev_ms),
-                  "h2d_bytes_per_query": int(h2d), "parity": err})
+            compiles = {timed_at: _jit_entries(eng) - before}
+            with jax.default_matmul_precision(PARITY_PRECISION):  # another executable: one more compile
+                before = _jit_entries(eng)
+                hi = eng.predict(*on_device[:3], noise=on_device[3])
+                compiles[PARITY_PRECISION] = compiles.get(PARITY_PRECISION, 0) + _jit_entries(eng) - before
+        parity = {"rows_compared": n, "vs": f"CPU JAX at batch {ref_batch}, same inputs and noise",
+                  "matmul_precision": PARITY_PRECISION, **_diff(hi[:n], ref_out[:n]), "tolerance": OCTO_TOLERANCE,
+                  f"at_{timed_at}": _diff(out[:n], ref_out[:n])}
+        row = {"model": name, "weights": eng.identity, "device": str(accel), "batch": b, "status": "ok",
+               "timed_at": f"{timed_at} matmul precision" + (" (TF32 on Ampere and newer GPUs, fp32 on the CPU)"
+                                                              if timed_at == "default" else ""),
+               "first_call_s": round(first_s, 2),
+               "predict_ms": _stats(host_ms), "device_inputs_ms": _stats(dev_ms),
+               "h2d_bytes_per_query": int(sum(i.nbytes for i in imgs) + m.nbytes + lg.nbytes + noise[0].nbytes
+                                          + noise[1].nbytes),
+               "compiles": compiles, "parity": parity}
+        if any(c != 1 for c in compiles.values()):
+            row.update(status="failed", reason=f"batch {b}: compiles per matmul precision {compiles}, expected 1 "
+                                               "each: the jit cache missed for inputs of a seen shape")
+        elif parity["rel"] > OCTO_TOLERANCE:
+            row["status"] = "parity-failed"
+        ctx.emit(row)
     return 0
+
+
+def _diff(a: np.ndarray, b: np.ndarray) -> dict:
+    from engines.backends import rel_err
+
+    return {"max_abs": float(np.max(np.abs(a - b))), "rel": rel_err(a, b)}
+
+
+def _jit_entries(eng) -> int:
+    """Entries in the cache of the engine's jitted query function (with noise given): one per compile."""
+    return eng._infer._cache_size()
 
 
 def _time_predict(eng, args, warmup: int, queries: int) -> list[float]:
@@ -787,20 +809,11 @@ def _die_with_parent() -> None:
         pass
 
 
-def read_rows(path: Path) -> list[dict]:
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut by the kill
-                pass
-    return rows
-
-
 def external_rows(work: Path) -> list[dict]:
     """The results of an external step: each small JSON it wrote at the top of its folder (a benchmark's result
-    file); larger ones travel in the tar file."""
+    file; larger ones travel in the tar file), and what a step killed before its end had finished: a benchmark's
+    rows (RowLog, ``*.rows.jsonl``), one entry each, and eval's tries (``tries.jsonl`` without ``summary.json``),
+    counted."""
     rows = []
     for p in sorted(work.rglob("*.json")):
         if p.stat().st_size <= 256 << 10 and len(p.relative_to(work).parts) <= 2:
@@ -809,6 +822,14 @@ def external_rows(work: Path) -> list[dict]:
             except (json.JSONDecodeError, OSError):
                 continue
             rows.append({"file": str(p.relative_to(work)), "results": doc.get("results", doc)})
+    for p in sorted(work.rglob(f"*{ROWS_SUFFIX}")):
+        if not p.with_name(p.name.removesuffix(ROWS_SUFFIX) + ".json").exists():  # else the JSON has them all
+            rows += [{"file": str(p.relative_to(work)), "partial": True, "row": r} for r in read_json_lines(p)]
+    for p in sorted(work.rglob("tries.jsonl")):
+        if not (p.parent / "summary.json").exists():
+            tries = read_json_lines(p)
+            rows.append({"file": str(p.relative_to(work)), "partial": True, "tries_finished": len(tries),
+                         "successes": sum(bool(t.get("success")) for t in tries)})
     return rows
 
 
@@ -839,16 +860,6 @@ def write_tar(out: Path, steps_dir: Path) -> list[str]:
     return names
 
 
-class JsonLines:
-    def __init__(self, path: Path):
-        self.f = open(path, "w")
-
-    def write(self, doc: dict) -> None:
-        self.f.write(json.dumps(doc, default=_json_default) + "\n")
-        self.f.flush()
-        os.fsync(self.f.fileno())
-
-
 def run_check(steps: list[Step], dry_run: bool, out: Path, work: Path, budget_s: float, timeout_scale: float,
               no_progress: bool, argv: list[str]) -> int:
     from benchmarks.common import machine
@@ -867,7 +878,7 @@ def run_check(steps: list[Step], dry_run: bool, out: Path, work: Path, budget_s:
     steps_dir.mkdir(parents=True)
     log_path = out / "device_check.log"
     log_path.touch()
-    jl = JsonLines(out / "device_check.jsonl")
+    jl = JsonLines(out / "device_check.jsonl", "w")
     command = shlex.join(["python", "-m", "benchmarks.device_check", *argv])
     header = {"kind": "start", "schema": SCHEMA, "dry_run": dry_run, "command": command,
               "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "budget_s": budget_s,
@@ -915,7 +926,7 @@ def run_check(steps: list[Step], dry_run: bool, out: Path, work: Path, budget_s:
                "ok": not bad, "steps": records, "tarred_files": files}
     jl.write({"kind": "end", "ok": not bad, "wall_s": summary["wall_s"]})
     tmp = out / "device_check.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=1, default=_json_default) + "\n")
+    tmp.write_text(json.dumps(summary, indent=1, default=json_default) + "\n")
     os.replace(tmp, out / "device_check.json")
     print(table(records))
     print(f"wrote {out} ({len(list(out.iterdir()))} files) in {summary['wall_s']:.0f} s")
@@ -965,7 +976,7 @@ def run_one(step: Step, i: int, n: int, dry_run: bool, steps_dir: Path, log_path
         rec["wall_s"] = round(time.monotonic() - t0, 1)
         rec["rc"] = rc
         log.write(f"=== {step.name}: rc {rc}, {rec['wall_s']} s\n")
-    rows = read_rows(rows_path) if step.internal else external_rows(work)
+    rows = read_json_lines(rows_path) if step.internal else external_rows(work)
     rec["rows"] = [r for r in rows if "skipped" not in r]
     skipped = next((r["skipped"] for r in rows if "skipped" in r), None)
     if status == "timeout":

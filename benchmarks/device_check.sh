@@ -21,8 +21,8 @@
 #
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; bash benchmarks/device_check.sh
 #
-# What cannot travel: tensorrt (NVIDIA's wheels are over 1 GB), sapien 3.0.3 (101 MB) and mani-skill 3.0.1
-# (51 MB). Their steps (onnx-trt, trt-int8-qdq, gpu-physics, octo-camera-batch, bc-state-gpu-scenes) are skipped
+# What cannot travel: tensorrt (NVIDIA's wheels are over 1 GB), mani-skill 3.0.1 (101 MB) and with it sapien
+# 3.0.3 (51 MB). Their steps (onnx-trt, trt-int8-qdq, gpu-physics, octo-camera-batch, bc-state-gpu-scenes) are skipped
 # there, each with its reason in the JSON. trt-int8-qdq builds the INT8 Q/DQ graphs (engines.quantize) and, with
 # TensorRT, an INT8 engine from the same Q/DQ graph; carry build/octo_queries (the recorded dev calibration sets,
 # python -m benchmarks.record_queries) to calibrate on them, else it calibrates on named synthetic feeds.

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from benchmarks.common import BenchmarkError, machine, parser, print_table, run_main, write_result
+from benchmarks.common import BenchmarkError, RowLog, machine, parser, print_table, run_main, write_result
 
 NAME = "gpu_physics_check"
 MODULE = "benchmarks.gpu_physics_check"
@@ -95,10 +95,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for module in ("sapien", "mani_skill"):  # where SAPIEN is absent (the device tool's H200): one line, exit 2
         require(module, "sim")
+    setups = resolve_setups(args.setups)
     mach = machine()
-    rows = []
-    for s in resolve_setups(args.setups):
-        rows.append(compare_setup(s, list(range(args.tries)), args.num_envs, args.sim))
+    name = f"{NAME}_{args.sim}"
+    row_log = RowLog(name, args.out_dir, args.quick)  # each setup on disk as it finishes: a killed run keeps them
+    rows = row_log.rows
+    for s in setups:
+        row_log.append(compare_setup(s, list(range(args.tries)), args.num_envs, args.sim))
         print(f"{s}: CPU {rows[-1]['cpu_success']}/{args.tries}, {args.sim.upper()} batch "
               f"{rows[-1]['batch_success']}/{args.tries}, differing tries {rows[-1]['tries_differing']}", flush=True)
     print_table(f"scripted reference: CPU one at a time vs {args.sim.upper()} batch of {args.num_envs}",
@@ -113,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                "total": {"tries": total, "cpu_success": sum(r["cpu_success"] for r in rows),
                          "batch_success": sum(r["batch_success"] for r in rows),
                          "tries_differing": sum(len(r["tries_differing"]) for r in rows)}}
-    write_result(f"{NAME}_{args.sim}", args.out_dir, MODULE, argv, args.quick, results, mach)
+    write_result(name, args.out_dir, MODULE, argv, args.quick, results, mach, row_log)
     return 0
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
-from benchmarks.common import BenchmarkError, machine, parser, print_table, progress, run_main, write_result
+from benchmarks.common import BenchmarkError, RowLog, machine, parser, print_table, progress, run_main, write_result
 
 NAME = "octo_rollout"
 MODULE = "benchmarks.octo_rollout"
@@ -121,10 +121,11 @@ def _main(argv: Sequence[str] | None) -> int:
     # the loop as it was (every step rendered) beside it, on CPU scenes
     cases = [("jax", 1, True)] if "jax" in backends and args.sim == "cpu" and 1 in counts else []
     cases += [(b, n, False) for b in backends for n in counts]
-    rows = []
+    row_log = RowLog(NAME, args.out_dir, args.quick)  # each row on disk as it finishes: a killed run keeps them
+    rows = row_log.rows
     t0 = time.monotonic()
     for backend, n, every in progress(cases, desc="rollouts", disable=args.no_progress):
-        rows.append(measure(backend, n, args.quick, every_step=every, sim=args.sim))
+        row_log.append(measure(backend, n, args.quick, every_step=every, sim=args.sim))
     results = {"setup": SETUP, "split": SPLIT, "sim": args.sim, "model": "octo-tiny (test)" if args.quick else "octo-small",
                "weights": "random", "rows": rows, "wall_s": round(time.monotonic() - t0, 1),
                "targets": {"wall_per_inference": WALL_PER_INFERENCE_TARGET,
@@ -142,7 +143,7 @@ def _main(argv: Sequence[str] | None) -> int:
         [r["backend"], r["num_envs"], "every step" if r["every_step_rendered"] else "read steps", r["try_wall_s"],
          r["tries_per_hour"], r["wall_per_inference"], *(r["share"][k] for k in SHARES), r["query_ms_p50"],
          r["image_bytes_per_step"]] for r in rows])
-    write_result(NAME, args.out_dir, MODULE, argv, args.quick, results, mach)
+    write_result(NAME, args.out_dir, MODULE, argv, args.quick, results, mach, row_log)
     return 0
 
 

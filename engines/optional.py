@@ -12,7 +12,10 @@ OPTIONAL = {
     "jax2onnx": "pip install -e '.[export]'",
     "jax": "pip install -e '.[jax]'",
     "flax": "pip install -e '.[jax]'",
-    "tensorrt": "JetPack ships it on Jetson; on x86: pip install tensorrt (NVIDIA's index)",
+    # PyPI's tensorrt and tensorrt-cu12 are stubs whose wheels live on NVIDIA's index (fetched from there at
+    # install time); the bare tensorrt is the CUDA 13 build, while this project's CUDA calls target CUDA 12
+    "tensorrt": "on Jetson it comes with JetPack (apt install python3-libnvinfer); on x86: "
+                "pip install --extra-index-url https://pypi.nvidia.com tensorrt-cu12",
     # the CUDA major of the platform's driver: 12 on JetPack 6 (CUDA 12.6); 13.x needs a CUDA 13 driver
     "cuda": "pip install -e '.[trt]' (cuda-python>=12.6,<13)",
     "cuda.cudart": "pip install -e '.[trt]' (cuda-python>=12.6,<13)",

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from engines.onnx_utils import BadModelFileError, sha256_file
-from engines.optional import available, require
+from engines.optional import OPTIONAL, available, require
 
 PRECISIONS = ("fp32", "fp16", "int8", "fp8")
 AS_IS = "onnx"  # EngineKey.graph: TensorRT parsed the ONNX file itself
@@ -88,7 +88,7 @@ class TensorRTBuildError(RuntimeError):
 def unavailable_reason() -> str | None:
     """Why TensorRT engines cannot be built here, or None when they can."""
     if not available("tensorrt"):
-        return "tensorrt is not installed (JetPack ships it; on x86: pip install tensorrt)"
+        return f"tensorrt is not installed ({OPTIONAL['tensorrt']})"
     if not Path("/dev/nvidia0").exists() and not Path("/dev/nvhost-ctrl").exists():
         return "no NVIDIA GPU device found"
     return None

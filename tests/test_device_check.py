@@ -222,3 +222,107 @@ def test_missing_modules_skip_a_step_with_the_reason():
     assert dc.missing_reason(step.missing(False)).startswith("sapien is not installed" if not dc._importable(
         "sapien") else "not installed: no_such_module_here")
     assert "no_such_module_here" in dc.missing_reason(step.missing(True))
+
+
+def assert_octo_step_compiles_once_and_checks_parity_at_highest(tmp_path: Path, python: str = sys.executable):
+    """The dry run's jax-octo-small step under ``python``: batches 1, 8 and 64 each compiled once per matmul
+    precision, and within tolerance of CPU JAX at "highest"."""
+    proc = subprocess.run([python, *check_cmd(tmp_path, "--steps", "jax-octo-small")[1:]], cwd=ROOT,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (step,) = steps_in(tmp_path / "out")
+    ref, *rows = step["rows"]
+    assert ref["kind"] == "reference" and ref["matmul_precision"] == dc.PARITY_PRECISION == "highest"
+    assert [r["batch"] for r in rows] == [1, 8, 64]
+    for r in rows:
+        assert r["status"] == "ok" and r["compiles"] == {"default": 1, "highest": 1}, r
+        assert r["parity"]["matmul_precision"] == "highest" and r["parity"]["rel"] <= dc.OCTO_TOLERANCE
+        assert r["parity"]["rows_compared"] == min(r["batch"], ref["batch"]) and "at_default" in r["parity"]
+        assert r["timed_at"].startswith("default matmul precision")
+
+
+def test_octo_compiles_each_shape_once_and_checks_parity_at_highest_for_every_batch(tmp_path):
+    pytest.importorskip("jax")
+    assert_octo_step_compiles_once_and_checks_parity_at_highest(tmp_path)
+
+
+def test_engines_and_the_octo_step_under_the_newest_jax_for_python_312(tmp_path):
+    """The GPU machine runs Python 3.12 with a newer JAX than the lock's (3.11): .ci/run makes a venv of the newest
+    JAX the registry offers for Python 3.12 and names its interpreter in SAB_NEWEST_JAX_PYTHON."""
+    python = os.environ.get("SAB_NEWEST_JAX_PYTHON")
+    if not python:
+        pytest.skip("SAB_NEWEST_JAX_PYTHON is not set: .ci/run sets it where Python 3.12 and a registry are available")
+    code = ("import importlib, pkgutil, sys, engines, jax; "
+            "[importlib.import_module(m.name) for m in pkgutil.walk_packages(engines.__path__, 'engines.')]; "
+            "print(sys.version_info[0], sys.version_info[1], jax.__version__)")
+    proc = subprocess.run([python, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0, proc.stderr
+    major, minor, jax_version = proc.stdout.split()
+    assert (major, minor) == ("3", "12"), f"{python} is Python {major}.{minor} (JAX {jax_version}), not 3.12"
+    assert_octo_step_compiles_once_and_checks_parity_at_highest(tmp_path, python)
+
+
+def test_a_second_compile_of_a_shape_fails_the_octo_row(tmp_path, monkeypatch):
+    """Inputs put on the device committed (jax.device_put(x, device)) compile every batch size again: the step's
+    count of the jit cache sees it."""
+    jax = pytest.importorskip("jax")
+    cpu = jax.devices("cpu")[0]
+    uncommitted = jax.device_put
+    monkeypatch.setattr(jax, "device_put", lambda x, device=None, **kw: uncommitted(x, device or cpu, **kw))
+    rows_path = tmp_path / "rows.jsonl"
+    assert dc.run_step_process("jax-octo-small", True, tmp_path, rows_path) == 0
+    rows = [r for r in dc.read_json_lines(rows_path) if "batch" in r and r.get("kind") != "reference"]
+    assert [r["batch"] for r in rows] == [1, 8, 64]
+    for r in rows:
+        assert r["status"] == "failed" and r["compiles"]["default"] == 2 and "jit cache missed" in r["reason"], r
+
+
+def test_partial_rows_of_a_benchmark_and_of_eval_go_into_the_record(tmp_path):
+    from benchmarks.common import RowLog, write_result
+
+    log = RowLog("octo_rollout", tmp_path, quick=True)
+    log.append({"backend": "jax", "num_envs": 1})
+    log.append({"backend": "jax", "num_envs": 2})
+    (tmp_path / "orin").mkdir()
+    (tmp_path / "orin" / "tries.jsonl").write_text('{"try": 0, "success": true}\n{"try": 1, "success": false}\n'
+                                                   '{"try": 2, "succ')  # the last line cut by the kill
+    got = dc.external_rows(tmp_path)
+    assert got == [{"file": "octo_rollout.quick.rows.jsonl", "partial": True, "row": {"backend": "jax", "num_envs": 1}},
+                   {"file": "octo_rollout.quick.rows.jsonl", "partial": True, "row": {"backend": "jax", "num_envs": 2}},
+                   {"file": "orin/tries.jsonl", "partial": True, "tries_finished": 2, "successes": 1}]
+    write_result("octo_rollout", tmp_path, "benchmarks.octo_rollout", [], True, {"rows": log.rows}, {}, log)
+    assert not log.path.exists()  # the JSON holds every row
+    (tmp_path / "orin" / "summary.json").write_text("{}")
+    assert dc.external_rows(tmp_path) == [{"file": "octo_rollout.quick.json", "results": {"rows": log.rows}},
+                                          {"file": "orin/summary.json", "results": {}}]
+
+
+def test_a_killed_child_benchmark_leaves_its_finished_rows_in_the_step_record(tmp_path):
+    """octo-camera-batch runs benchmarks.octo_rollout (3 rollouts in a dry run); the benchmark is killed hard once
+    its first row is written, and the step's record holds that row."""
+    for module in ("jax", "sapien", "mani_skill"):
+        pytest.importorskip(module)
+    out = tmp_path / "out"
+    rows_file = tmp_path / "work" / "steps" / "octo-camera-batch" / "octo_rollout.quick.rows.jsonl"
+    proc = subprocess.Popen(check_cmd(tmp_path, "--steps", "octo-camera-batch"), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while not dc.read_json_lines(rows_file) and proc.poll() is None and time.monotonic() - t0 < 240:
+            time.sleep(0.1)
+        assert dc.read_json_lines(rows_file), "the benchmark wrote no row"
+        (child,) = [p for p in alive(str(tmp_path))
+                    if b"benchmarks.octo_rollout" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        os.kill(child, signal.SIGKILL)
+        assert proc.wait(timeout=60) == 1  # a failed step
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    (step,) = steps_in(out)
+    assert step["status"] == "failed" and step["rc"] == -signal.SIGKILL
+    assert step["rows"] and len(step["rows"]) < 3, step["rows"]
+    first = step["rows"][0]
+    assert first["partial"] and first["file"] == rows_file.name
+    assert first["row"]["backend"] == "jax" and first["row"]["num_envs"] == 1 and first["row"]["tries"] == 1
+    assert not (rows_file.parent / "octo_rollout.quick.json").exists()

@@ -5,6 +5,8 @@ under JetPack's torch, SAPIEN from PyPI). Nothing here builds the image: it was 
 import ast
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -220,3 +222,67 @@ def test_parser_sees_the_install_lines(text):
     reqs = requirements(text)
     assert "trimesh==5.2.0" in reqs and f"mani-skill=={dockerfile_args(text)['MANISKILL_VERSION']}" in reqs
     assert not any("packaging.requirements" in r for r in reqs)  # the heredoc's Python is not an install line
+
+
+# mani-skill 3.0.1's requirements on SAPIEN (and mplib, left out), as its METADATA states them
+MANI_SKILL_SAPIEN_REQUIRES = ('mplib==0.1.1; platform_system == "Linux"', 'sapien>=3.0.0; platform_system == "Linux"',
+                              'sapien>=3.0.0.b1; platform_system == "Windows"',
+                              'sapien>=3.0.2; platform_system == "Darwin"')
+
+
+def requirement_check_script(text: str) -> str:
+    """The Python of the RUN step that checks mani-skill's requirements (the Dockerfile's heredoc)."""
+    bodies = [b for b in re.findall(r"<<'EOF'\n(.*?)\nEOF\n", text, flags=re.S) if 'requires("mani-skill")' in b]
+    assert len(bodies) == 1, f"{len(bodies)} heredocs check mani-skill's requirements"
+    return bodies[0]
+
+
+def fake_dist(site: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                   + "".join(f"Requires-Dist: {r}\n" for r in requires))
+
+
+def run_requirement_check(text: str, tmp_path: Path, sapien_version: str) -> subprocess.CompletedProcess:
+    """The Dockerfile's check in a fresh interpreter whose first path entry holds a mani-skill 3.0.1 (with its SAPIEN
+    requirements) and a SAPIEN of ``sapien_version``, as the image has them after its install steps."""
+    site = tmp_path / "site"
+    fake_dist(site, "mani_skill", "3.0.1", MANI_SKILL_SAPIEN_REQUIRES)
+    fake_dist(site, "sapien", sapien_version)
+    script = tmp_path / "check.py"
+    script.write_text(requirement_check_script(text))
+    code = (f"import sys; sys.path.insert(0, {str(site)!r}); "
+            f"exec(compile(open({str(script)!r}).read(), 'check', 'exec'))")
+    return subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("sapien_version", ["3.0.0.dev20250303+abc123", "3.0.0.dev20251217+0847062f", "3.0.3"])
+def test_requirement_check_accepts_sapien_releases_and_the_nightlies_it_installs(text, tmp_path, sapien_version):
+    proc = run_requirement_check(text, tmp_path, sapien_version)
+    assert proc.returncode == 0, proc.stderr
+    assert "mani-skill 3.0.1 requirements met (mplib left out)" in proc.stdout
+
+
+@pytest.mark.parametrize("sapien_version", [
+    "3.0.0.dev20250302+abc123",  # a nightly older than the one ManiSkill names
+    "3.0.0rc1",  # a release candidate is not a nightly: its own version rules
+    "2.2.2",
+    "2.2.2.dev20250401+abc123",  # a nightly of a base version below the requirement
+])
+def test_requirement_check_rejects_what_does_not_meet_mani_skill(text, tmp_path, sapien_version):
+    proc = run_requirement_check(text, tmp_path, sapien_version)
+    assert proc.returncode != 0
+    assert f"sapien>=3.0.0; platform_system == \"Linux\" (installed {sapien_version})" in proc.stderr, proc.stderr
+
+
+def test_mani_skill_states_the_sapien_requirement_the_check_is_tested_with():
+    from importlib import metadata
+
+    try:
+        reqs = metadata.requires("mani-skill")
+    except metadata.PackageNotFoundError:
+        pytest.skip("mani-skill is not installed here")
+    assert metadata.version("mani-skill") == setup_pin("mani-skill")
+    stated = [r for r in reqs if re.match(r"^(sapien|mplib)\b", r)]
+    assert sorted(stated) == sorted(MANI_SKILL_SAPIEN_REQUIRES)

@@ -425,3 +425,37 @@ def test_gpu_partial_reset_moves_only_its_scene():
         assert u._active[2].tolist() == [False, True, False]
     finally:
         env.close()
+
+
+# ------------------------------------------------------------------ benchmarks.gpu_physics_check's rows
+def test_gpu_physics_check_keeps_each_finished_setup_of_a_run_that_dies(tmp_path, monkeypatch):
+    """Each setup's row is on disk as it finishes (benchmarks.common.RowLog): a run that dies in its second setup
+    (the device check's step timeout) leaves the first one's row; a run that ends has them all in its JSON and no
+    rows file. compare_setup stands in for the rollouts, which tests/test_batch.py runs."""
+    import json
+
+    from benchmarks import gpu_physics_check as gpc
+    from benchmarks.common import read_json_lines
+
+    def row(setup_id, tries):
+        return {"setup": setup_id, "tries": len(tries), "cpu_success": 1, "batch_success": 1, "difference_pp": 0.0,
+                "difference_pp_95": [0.0, 0.0], "tries_differing": [], "cpu_mean_steps": 9.0,
+                "batch_mean_steps": 9.0, "cpu_tries_per_s": 1.0, "batch_tries_per_s": 2.0}
+
+    def dies_in_the_second(setup_id, tries, num_envs, sim, split="dev"):
+        if setup_id == "A02":
+            raise KeyboardInterrupt  # killed here
+        return row(setup_id, tries)
+
+    argv = ["--sim", "cpu", "--setups", "A01,A02", "--tries", "1", "--num-envs", "1", "--out-dir", str(tmp_path)]
+    monkeypatch.setattr(gpc, "compare_setup", dies_in_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        gpc.main(argv)
+    rows_file = tmp_path / "gpu_physics_check_cpu.rows.jsonl"
+    assert read_json_lines(rows_file) == [row("A01", [0])]
+    assert not (tmp_path / "gpu_physics_check_cpu.json").exists()
+
+    monkeypatch.setattr(gpc, "compare_setup", lambda setup_id, tries, num_envs, sim: row(setup_id, tries))
+    assert gpc.main(argv) == 0
+    doc = json.loads((tmp_path / "gpu_physics_check_cpu.json").read_text())
+    assert doc["results"]["setups"] == [row("A01", [0]), row("A02", [0])] and not rows_file.exists()
