@@ -53,7 +53,7 @@ def test_device_preprocessing_refuses_a_resize_in_one_line():
 
 
 def test_dlpack_hand_off_shares_memory_and_counts_only_real_copies():
-    from jetson.zero_copy import CopyCounter, to_jax
+    from engines.zero_copy import CopyCounter, to_jax
 
     counter = CopyCounter()
     t = torch.arange(2 * 8 * 8 * 3, dtype=torch.uint8).reshape(2, 8, 8, 3)
@@ -68,10 +68,10 @@ def test_dlpack_hand_off_shares_memory_and_counts_only_real_copies():
 
 def _policies(backend="jax"):
     from engines.octo.testing import tiny_engine
-    from eval.policies import octo_policy
+    from eval.request import make_policy
 
     engine = tiny_engine(seed=5)
-    return octo_policy(engine=engine, backend=backend), octo_policy(engine=engine, backend=backend)
+    return make_policy("octo-small", engine=engine, backend=backend), make_policy("octo-small", engine=engine, backend=backend)
 
 
 def test_torch_frames_give_the_actions_of_numpy_frames_with_no_copy():
@@ -115,9 +115,9 @@ def test_policies_receive_runners_from_the_one_factory():
         used |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
         used |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
         assert not used & builders, f"{module.__name__} builds a runner ({', '.join(sorted(used & builders))})"
-    from eval.policies import bc_state_policy
+    from eval.request import make_policy
 
-    p = bc_state_policy(backend="torch")
+    p = make_policy("bc-state", backend="torch")
     assert p.backend == p.runner.name == "torch" and p.runner.active
 
 
@@ -136,10 +136,10 @@ def test_the_factory_names_each_models_backends_in_one_line():
                     reason=f"GPU simulation unavailable: {gpu_sim_unavailable_reason()}")
 def test_gpu_scenes_hand_frames_to_the_engine_on_the_device():
     from env.setups import get_setup
-    from eval.policies import octo_policy
+    from eval.request import make_policy
     from eval.rollout import Scenes, make_members, rollout
 
-    lead = octo_policy("octo-small", random_weights=True)  # the scene's camera sizes: nothing to resize
+    lead = make_policy("octo-small", random_weights=True)  # the scene's camera sizes: nothing to resize
     factory = lead.spawn
     scenes = Scenes(get_setup("A01"), 4, sim="gpu", cameras=True, max_steps=10)
     try:

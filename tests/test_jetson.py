@@ -13,7 +13,7 @@ import pytest
 
 from jetson import device as dev
 from jetson import telemetry as tel
-from jetson import zero_copy as zc
+from engines import zero_copy as zc
 from jetson.tegrastats import TegrastatsParseError, parse_line, parse_lines
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "tegrastats"
@@ -26,7 +26,7 @@ def lines(name):
 
 # ------------------------------------------------------------------ imports
 def test_modules_import_without_optional_dependencies():
-    code = ("import sys, jetson.device, jetson.tegrastats, jetson.telemetry, jetson.zero_copy; "
+    code = ("import sys, jetson.device, jetson.tegrastats, jetson.telemetry, engines.zero_copy; "
             "bad = {'jtop', 'tensorrt', 'pynvml', 'torch', 'cuda'} & set(sys.modules); "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)

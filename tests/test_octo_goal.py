@@ -230,14 +230,14 @@ def _observation(seed=0):
 
 
 def test_policy_with_a_goal_file(tmp_path):
-    from eval.policies import octo_policy
+    from eval.request import make_policy
     from eval.policies.octo import preprocess
 
     engine = tiny_engine()
     goal = np.random.default_rng(9).integers(0, 256, (64, 80, 3), dtype=np.uint8)
     path = _png(tmp_path / "goal.png", goal)
-    plain = octo_policy(engine=engine)
-    with_goal = octo_policy(engine=engine, goal_image=str(path))
+    plain = make_policy("octo-small", engine=engine)
+    with_goal = make_policy("octo-small", engine=engine, goal_image=str(path))
     assert plain.record_fields() == {}
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     assert with_goal.record_fields() == {"goal_image": "file", "goal_sha256": sha}
@@ -267,7 +267,7 @@ def test_policy_with_a_goal_file(tmp_path):
 def test_policy_with_a_goal_source_per_try():
     """A callable goal (what ``--goal-image solved`` gives) is asked at every reset with the try's start (given
     by the rollout through set_start) and instruction; the record names it and the pixels' sha256."""
-    from eval.policies import octo_policy
+    from eval.request import make_policy
 
     asked = []
 
@@ -278,7 +278,7 @@ def test_policy_with_a_goal_source_per_try():
             asked.append((start, instruction))
             return np.full((256, 256, 3), start, np.uint8)
 
-    pol = octo_policy(engine=tiny_engine(), goal_image=None)
+    pol = make_policy("octo-small", engine=tiny_engine(), goal_image=None)
     from eval.policies.octo import OctoPolicy
 
     pol = OctoPolicy(pol.engine, pol.runner, goal=Source())
@@ -323,13 +323,15 @@ def test_bad_goal_image_is_one_line(tmp_path, capsys, kind):
 
 
 def test_goal_image_option_reaches_the_factory_as_an_absolute_path(tmp_path, monkeypatch):
-    from eval.policies import MODEL_OPTIONS, MODELS
-    from eval.run import build_parser, model_options
+    from eval.request import MODEL_CONFIGS, model_config, options_from_args
+    from eval.run import build_parser
 
-    assert "goal_image" in MODEL_OPTIONS and "goal_image" in MODELS["octo-small"].options
-    assert "goal_image" not in MODELS["bc-state"].options
+    assert "goal_image" in {f.name for f in MODEL_CONFIGS["octo-small"].option_fields()}
+    assert "goal_image" not in {f.name for f in MODEL_CONFIGS["bc-state"].option_fields()}
     args = build_parser().parse_args(["--model", "octo-small", "--goal-image", "solved", "--out", "x"])
-    assert model_options(args)["goal_image"] == "solved"
+    assert options_from_args(args)["goal_image"] == "solved"
+    monkeypatch.chdir(tmp_path)
+    assert model_config("octo-small", goal_image="g.png").goal_image == str(tmp_path / "g.png")
     from eval.orin import build_parser as orin_parser
 
     assert orin_parser().parse_args(["--model", "octo-small", "--goal-image", "g.png", "--out", "x"]).goal_image
@@ -400,10 +402,10 @@ def test_solved_goal_is_rendered_with_the_runs_arm():
     """The executors give policy factories the run's --arm: a solved goal shows the robot of the run."""
     from env.arms import ARMS
     from env.setups import get_setup
-    from eval.policies import get_model
+    from eval.request import make_policy
 
     arm = [a for a in ARMS if a != "panda"][0]
-    pol = get_model("octo-small").factory(setup=get_setup("A01"), arm=arm, goal_image="solved", engine=tiny_engine())
+    pol = make_policy("octo-small", setup=get_setup("A01"), arm=arm, goal_image="solved", engine=tiny_engine())
     try:
         assert pol._goal_source.arm == arm and pol._goal_source.setup.id == "A01"
     finally:

@@ -235,14 +235,14 @@ def test_eval_run_precision_errors_are_one_line(args, needle, tmp_path, capsys):
 def test_octo_policy_runs_the_int8_backbone_and_the_fp32_sampler(tiny):
     pytest.importorskip("flax")
     pytest.importorskip("sentencepiece")
-    from eval.policies import octo_policy
+    from eval.request import make_policy
 
     engine, onnx, digest = tiny
     cal = _calibration("tiny synthetic", _tiny_feeds(engine.cfg, 2, seed=0))
     int8 = quantize.int8_graph(onnx.backbone, cal, weights_digest=digest)  # beside the cached fp32 export
-    policy = octo_policy(engine=engine, backend="ort", precision="int8")
+    policy = make_policy("octo-small", engine=engine, backend="ort", precision="int8")
     assert policy.runner.backbone.onnx_path == int8 and policy.runner.sampler.onnx_path == onnx.sampler
-    fp32 = octo_policy(engine=engine, backend="ort")
+    fp32 = make_policy("octo-small", engine=engine, backend="ort")
     assert fp32.runner.backbone.onnx_path == onnx.backbone
     feeds = fp32._blank_feeds(1)
     a, b = policy.infer(feeds)["actions"], fp32.infer(feeds)["actions"]

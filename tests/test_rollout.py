@@ -43,11 +43,11 @@ def _one_at_a_time_and_batched(setup_id, tries, factory, cameras, max_steps, num
 def test_camera_policy_batched_gives_the_records_of_one_scene_at_a_time():
     pytest.importorskip("jax")
     from engines.octo.testing import tiny_engine
-    from eval.policies import octo_policy
+    from eval.request import make_policy
 
     engine = tiny_engine(seed=3)
     single, batched, batch = _one_at_a_time_and_batched(
-        "A01", [0, 1], lambda: octo_policy(engine=engine), cameras=True, max_steps=10)
+        "A01", [0, 1], lambda: make_policy("octo-small", engine=engine), cameras=True, max_steps=10)
     assert _outcomes(single) == _outcomes(batched)
     assert [r.steps for r in single] == [10, 10]
     # queries at steps 0, 4, 8: one model call for both scenes each time
@@ -58,9 +58,9 @@ def test_camera_policy_batched_gives_the_records_of_one_scene_at_a_time():
 
 
 def test_state_policy_batched_gives_the_records_of_one_scene_at_a_time():
-    from eval.policies import bc_state_policy
+    from eval.request import make_policy
 
-    single, batched, batch = _one_at_a_time_and_batched("A02", [0, 1, 2], bc_state_policy, cameras=False,
+    single, batched, batch = _one_at_a_time_and_batched("A02", [0, 1, 2], lambda: make_policy("bc-state"), cameras=False,
                                                         max_steps=None, num_envs=3)
     assert _outcomes(single) == _outcomes(batched)
     assert batch["batched_queries"] and batch["steps"] == max(r.steps for r in batched)

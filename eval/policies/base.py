@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jetson.zero_copy import concat_rows
+from engines.zero_copy import concat_rows
 
 TRACKS = ("reference", "sanity", "frozen", "adapted")
 ACTION_DIM = 7  # end-effector delta xyz, delta roll-pitch-yaw, gripper (+1 open, -1 close)

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from env.predicate import VETO_FLAGS
+from eval.records import FLAG_NAMES  # noqa: F401 - the report lists every flag a record can hold
 from env.setups import DIFFICULTIES, FULL_BOARD_IDS, GROUPS, SCORED_IDS, SETUPS, difficulty_of, group_of
 from eval.stats import (
     outcomes_from_records,
@@ -30,7 +31,6 @@ from eval.stats import (
     wilson,
 )
 
-FLAG_NAMES = ("wrong_hole", "rim", "penetration", "glitch", "dropped", "policy_hang", "sim_hang", "actor_died")
 REQUIRED_FIELDS = ("setup", "try", "success")
 N_WEAKEST = 3
 RANKED_TRACKS = {"frozen": "yes", "reference": "no", "sanity": "no", "adapted": "no"}
@@ -399,4 +399,31 @@ def paired_summary(records_a: Iterable[Mapping], records_b: Iterable[Mapping], *
     if not res["complete"]:
         notes.append(f"S n/a: no shared tries in {', '.join(res['missing'])}")
     out["note"] = "; ".join(notes) or None
+    return out
+
+
+def batch_summary(batches: Sequence[dict]) -> dict[str, Any] | None:
+    """Latency at batch N and throughput over a run's batch records (``batches.jsonl``, written by
+    :func:`eval.rollout.rollout`; None when the run had none)."""
+    if not batches:
+        return None
+    q = np.array([x for b in batches for x in b["query_ms"]], dtype=float)
+    sizes = np.array([x for b in batches for x in b["query_batch"]], dtype=float)
+    wall = sum(b["wall_s"] for b in batches)
+    tries = sum(len(b["tries"]) for b in batches)
+    scene_steps = sum(b["scene_steps"] for b in batches)
+    out = {
+        "num_envs": sorted({b["num_envs"] for b in batches}), "sim": sorted({b["sim"] for b in batches}),
+        "batched_queries": all(b["batched_queries"] for b in batches), "batches": len(batches), "tries": tries,
+        "wall_s": round(wall, 3), "tries_per_s": tries / wall if wall else None,
+        "scene_steps_per_s": scene_steps / wall if wall else None,
+        "host_device_bytes_per_step": float(np.mean([b["host_device_bytes_per_step"] for b in batches])),
+        "image_bytes_per_step": max(b["image_bytes_per_step"] for b in batches),
+        "query_ms": None,
+    }
+    if len(q):
+        out["query_ms"] = {"count": int(len(q)), "mean": float(q.mean()), "p50": float(np.percentile(q, 50)),
+                           "p90": float(np.percentile(q, 90)), "p99": float(np.percentile(q, 99)),
+                           "max": float(q.max()), "mean_batch": float(sizes.mean()),
+                           "ms_per_scene": float((q / sizes).mean())}
     return out
