@@ -6,11 +6,16 @@ results (50 tries per setup, successes = the published % of 50).
 import csv
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 
 from env.setups import FULL_BOARD_IDS, GROUPS, SCORED_IDS
 from eval.report import ReportError, build_summary, load_tries, main, paired_summary, write_report
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
 
 # Spec section 8: per-setup success in %, 50 tries each, order A01..G02.
 PUBLISHED = {
@@ -341,3 +346,167 @@ def test_random_weights_and_incomplete_frozen_runs_are_not_ranked_in_report():
     recs.append({"setup": "G02", "try": 0, "success": False, "model": "octo-small", "track": "frozen"})
     md = render_markdown({"octo-small": build_summary(recs, n_boot=20)})
     assert "| frozen | yes |" in md
+
+
+# ---------------------------------------------------------------------------
+# The pictures, linked and drawn in the results page's colours
+# ---------------------------------------------------------------------------
+def test_report_links_its_pictures_and_calls_the_latency_one_a_cdf(two_model_report):
+    out, _ = two_model_report
+    md = (out / "REPORT.md").read_text()
+    for name in ("groups.png", "heatmap.png", "latency.png"):
+        assert (out / name).is_file() and f"]({name})" in md, name
+    assert "Histogram" not in md and "Cumulative distribution (CDF)" in md
+
+
+def test_rebuild_writes_the_same_report_and_leaves_the_summary(two_model_report, tmp_path):
+    import shutil
+
+    from eval.report.write import rebuild_report
+
+    out, _ = two_model_report
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / "REPORT.md").write_text("stale\n")
+    before = {p.name: p.read_bytes() for p in copy.iterdir() if p.suffix in (".json", ".csv")}
+    rebuild_report(copy)
+    assert (copy / "REPORT.md").read_text() == (out / "REPORT.md").read_text()  # what write_report wrote
+    assert {p.name: p.read_bytes() for p in copy.iterdir() if p.suffix in (".json", ".csv")} == before
+    assert main(["--rebuild", str(tmp_path / "nothing")]) == 2
+
+
+def test_heatmap_colours_are_the_pages_key(tmp_path):
+    """Every bin of the results page's key (SUCCESS_BINS) is the colour of its cells in heatmap.png."""
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    from eval.report.plots import SUCCESS_BINS, plot_heatmap
+
+    pcts = {"A01": 100, "A02": 98, "A03": 96, "A04": 92, "B01": 84, "B02": 70, "B03": 40, "B04": 10}
+    recs = [{"setup": sid, "try": t, "success": t < pcts.get(sid, 100) // 2, "arm": "widowx250s"}
+            for sid in SCORED_IDS for t in range(50)]
+    s = build_summary(recs, model="scripted", n_boot=20)
+    plot_heatmap({"scripted": s}, tmp_path / "h.png")
+    img = (mpimg.imread(str(tmp_path / "h.png"))[..., :3] * 255).round().astype(int)
+    found = {tuple(c) for c in np.unique(img.reshape(-1, 3), axis=0)}
+    for _, bg, _, label in SUCCESS_BINS:
+        rgb = tuple(int(bg[i:i + 2], 16) for i in (1, 3, 5))
+        assert rgb in found, (label, bg)
+
+
+def test_titles_name_the_arm_where_it_is_not_the_panda():
+    from eval.report import render_markdown
+    from eval.report.plots import _label
+
+    recs = [{"setup": sid, "try": 0, "success": True, "model": "scripted", "arm": "widowx250s"} for sid in SCORED_IDS]
+    s = build_summary(recs, n_boot=20)
+    assert render_markdown({"scripted": s}).startswith("# Shape assembly benchmark report: scripted on widowx250s\n")
+    assert _label("scripted", s) == "scripted on widowx250s"
+
+
+def test_latency_axis_labels_between_the_powers_of_ten(tmp_path):
+    from eval.report.plots import _label_log_axis, _new_figure
+
+    fig = _new_figure(4, 3)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.plot([0.3, 30], [0, 1])
+    ax.set_xscale("log")
+    _label_log_axis(ax.xaxis)
+    fig.canvas.draw()
+    labels = {t.get_text() for t in ax.get_xticklabels() if t.get_text()}
+    assert {"0.5", "1", "2", "5", "10", "20"} <= labels
+
+
+def test_committed_reports_link_the_pictures_beside_them():
+    for md in sorted(RESULTS.glob("**/REPORT.md")):
+        if "reasoning" in md.parts:
+            continue  # eval.reasoning's reports
+        text = md.read_text()
+        for png in md.parent.glob("*.png"):
+            assert f"]({png.name})" in text, (md, png.name)
+        assert "Histogram" not in text, md
+
+
+# ---------------------------------------------------------------------------
+# results/README.md: every machine it names is the one of the record it cites
+# ---------------------------------------------------------------------------
+MACHINE_RE = re.compile(r"AMD EPYC|Intel(?:\(R\))? Xeon|\bOrin\b")
+SPEC8 = "Jetson AGX Orin"
+
+
+def _machine_name(cpu: str) -> str:
+    return "Intel Xeon" if "Xeon" in cpu else "AMD EPYC" if "EPYC" in cpu else cpu
+
+
+def _machines_of(record) -> set[str]:
+    """The machines a record names: its `machine` field (a run's, a benchmark's, a training's), or each model's."""
+    if isinstance(record, dict) and isinstance(record.get("models"), dict):
+        return set().union(*(_machines_of(m) for m in record["models"].values()))
+    m = record.get("machine") if isinstance(record, dict) else None
+    if isinstance(m, dict) and m.get("cpu"):
+        return {_machine_name(str(m["cpu"]))}
+    return set()
+
+
+def _cited(token: str) -> set[str] | None:
+    """The machines of a path the README cites (None: not a record of this repository)."""
+    tok = token.strip().split()[0] if token.strip() else ""
+    for base in (ROOT, RESULTS):
+        p = (base / tok) if tok else None
+        if p is None or not p.exists() or p == base:
+            continue
+        if p.name == "REPORT.md":
+            p = p.parent
+        if p.is_dir():
+            for name in ("summary.json", "training.json"):
+                if (p / name).is_file():
+                    return _machines_of(json.loads((p / name).read_text()))
+            return None
+        if p.suffix == ".json":
+            return _machines_of(json.loads(p.read_text()))
+        return None
+    return None
+
+
+def _readme_units(text: str) -> list[str]:
+    """Paragraphs, list items and table rows, outside code blocks."""
+    units, cur, fence = [], [], False
+    for ln in text.splitlines() + [""]:
+        if ln.startswith("```"):
+            fence = not fence
+            cur = [] if fence else cur
+            continue
+        if fence:
+            continue
+        new_unit = not ln.strip() or ln.startswith("|") or ln.startswith("- ") or ln.startswith("#")
+        if new_unit and cur:
+            units.append(" ".join(cur))
+            cur = []
+        if ln.startswith("|") and not re.fullmatch(r"[|\-: ]+", ln):
+            units.append(ln)
+        elif ln.strip() and not ln.startswith("#"):
+            cur.append(ln.strip())
+    return units
+
+
+def test_results_readme_names_the_machine_of_every_record_it_cites():
+    """Done when (issue 33): each machine results/README.md names is the `machine` of the JSON or run it cites,
+    and a unit (paragraph, list item, table row) that cites a record with a machine names that machine."""
+    checked = 0
+    for unit in _readme_units((RESULTS / "README.md").read_text()):
+        named = {"Intel Xeon" if "Xeon" in m else SPEC8 if m == "Orin" else m for m in MACHINE_RE.findall(unit)}
+        cited: set[str] = set()
+        n_records = 0
+        for tok in re.findall(r"`([^`]+)`", unit) + re.findall(r"\]\(([^)]+)\)", unit):
+            machines = _cited(tok)
+            if machines:
+                n_records += 1
+                cited |= machines
+                assert machines <= named, f"cites {tok} ({', '.join(sorted(machines))}) without naming it: {unit[:160]}"
+        if re.search(r"spec section 8|BENCHMARK\.md section 8", unit):
+            cited.add(SPEC8)
+        for m in named:
+            assert m in cited, f"names {m} but cites no record of it: {unit[:160]}"
+        checked += bool(named)
+        checked += n_records > 0
+    assert checked > 40

@@ -3,6 +3,7 @@
 CLI::
 
     python -m eval.report --tries A/tries.jsonl [--tries B/tries.jsonl ...] --out DIR [--name NAME ...]
+    python -m eval.report --rebuild DIR [DIR ...]   # REPORT.md and pictures again from DIR/summary.json
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Sequence
 
 from eval.report.markdown import _pct, _pct_rng
 from eval.report.summary import ReportError
-from eval.report.write import write_report
+from eval.report.write import rebuild_report, write_report
 
 
 # --------------------------------------------------------------------------
@@ -29,9 +30,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Write a benchmark report (summary.json, per_config.csv, REPORT.md, groups.png, heatmap.png) "
                     "from one tries.jsonl per model; several models are compared side by side and paired.",
     )
-    ap.add_argument("--tries", action="append", required=True, metavar="PATH",
+    ap.add_argument("--tries", action="append", metavar="PATH",
                     help="a model's tries.jsonl (repeat for several models)")
-    ap.add_argument("--out", required=True, metavar="DIR", help="output folder (created if needed)")
+    ap.add_argument("--out", metavar="DIR", help="output folder (created if needed)")
+    ap.add_argument("--rebuild", nargs="+", metavar="DIR",
+                    help="instead of --tries/--out: write REPORT.md and the pictures of these report folders again "
+                         "from their summary.json as it is (its numbers, and what eval.run or eval.orin added: "
+                         "run, device, telemetry) and the tries files it names; summary.json and per_config.csv "
+                         "are left untouched")
     ap.add_argument("--name", action="append", metavar="NAME",
                     help="model name, one per --tries in the same order (default: the records' model field, "
                          "else the file's folder name)")
@@ -43,6 +49,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.n_boot < 1:
         ap.error("--n-boot must be >= 1")
+    if args.rebuild:
+        if args.tries or args.out or args.name:
+            ap.error("--rebuild takes report folders only (no --tries, --out or --name)")
+        for d in args.rebuild:
+            try:
+                rebuild_report(d)
+            except (ReportError, ValueError, OSError) as e:
+                print(f"{ap.prog}: error: {' '.join(str(e).split())}", file=sys.stderr)
+                return 2
+            print(f"report rebuilt in {d} (summary.json unchanged)")
+        return 0
+    if not args.tries or not args.out:
+        ap.error("the following arguments are required: --tries, --out (or --rebuild DIR)")
     try:
         res = write_report(args.tries, args.out, names=args.name, n_boot=args.n_boot, seed=args.seed,
                            allow_mixed_predicates=args.allow_mixed_predicates)

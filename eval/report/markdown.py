@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 from env.setups import DIFFICULTIES, GROUPS
+from eval.report.plots import run_title
 from eval.report.summary import N_WEAKEST, _json_key, ranked_text
 
 
@@ -101,14 +102,21 @@ def _s_key(item):
 # --------------------------------------------------------------------------
 # REPORT.md
 # --------------------------------------------------------------------------
+def _picture(pictures: Iterable[str], name: str, alt: str) -> list[str]:
+    """The Markdown that shows one of the report's pictures, when it was written."""
+    return [f"![{alt}]({name})", ""] if name in pictures else []
+
+
 def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | None = None,
-                    sources: Mapping[str, str] | None = None) -> str:
-    """REPORT.md text for one or several model summaries (name -> summary)."""
+                    sources: Mapping[str, str] | None = None, pictures: Iterable[str] = ()) -> str:
+    """REPORT.md text for one or several model summaries (name -> summary); ``pictures``: the picture files
+    written beside it (groups.png, heatmap.png, latency.png), linked where their numbers are."""
     names = list(summaries)
     several = len(names) > 1
     first = summaries[names[0]]
+    pictures = set(pictures)
     L: list[str] = []
-    title = "Shape assembly benchmark report" + ("" if several else f": {names[0]}")
+    title = "Shape assembly benchmark report" + ("" if several else f": {run_title(names[0], first)}")
     L += [f"# {title}", ""]
 
     shas = {_json_key(s["tasklist_sha256"]): s["tasklist_sha256"] for s in summaries.values()}
@@ -194,7 +202,7 @@ def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | 
     held = [sid for sid in first["setups"] if any(s["setups"][sid]["n"] for s in summaries.values())]
     if not held:
         L += ["No model has tries of the 30 scored setups.", ""]
-        return _rest(L, summaries, paired, several, bs)
+        return _rest(L, summaries, paired, several, bs, pictures)
     left_out = len(first["setups"]) - len(held)
     L += ["## By group", ""]
     rows = []
@@ -206,7 +214,8 @@ def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | 
                     [_pct_rng(s["groups"][g]["rate"], s["groups"][g]["ci"]) for s in summaries.values()])
     rows.append(["**S**", "", *[f"**{_pct_rng(s['S'], s['S_ci'])}**" for s in summaries.values()]])
     L += _table(["Group", "Setups", *[f"{n} % [95%]" for n in names]], rows, ["l", "r"] + ["r"] * len(names))
-    L += ["", "## By difficulty", ""]
+    L += [""] + _picture(pictures, "groups.png", "Success by group and S, 95% bootstrap ranges")
+    L += ["## By difficulty", ""]
     rows = []
     for d in DIFFICULTIES:
         setups = first["difficulty"][d]["setups"]
@@ -242,14 +251,16 @@ def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | 
         L += _table(head, rows, ["l"] * 4 + ["r", "r", "l"] * len(names))
 
     L.append("")
-    return _rest(L, summaries, paired, several, bs)
+    L += _picture(pictures, "heatmap.png", "Success per setup, k/n in every cell")
+    return _rest(L, summaries, paired, several, bs, pictures)
 
 
-def _rest(L: list[str], summaries: Mapping[str, dict], paired, several: bool, bs: Mapping) -> str:
+def _rest(L: list[str], summaries: Mapping[str, dict], paired, several: bool, bs: Mapping,
+          pictures: set[str]) -> str:
     """The report from the weakest setups on: secondary metrics, latency, full board, paired differences."""
     # Weakest setups
     if not any(s["n_tries"] for s in summaries.values()):
-        return _after_weakest(L, summaries, paired, several, bs)
+        return _after_weakest(L, summaries, paired, several, bs, pictures)
     L += ["## Weakest setups", "",
           f"The {N_WEAKEST} lowest setups per model, with the flags of their tries "
           "(\"no flag\" = failed without a flag, i.e. ran out of steps).", ""]
@@ -269,10 +280,11 @@ def _rest(L: list[str], summaries: Mapping[str, dict], paired, several: bool, bs
                      f"({w['k']}/{w['n']}); flags: {', '.join(fl) if fl else 'none'}")
         L.append("")
 
-    return _after_weakest(L, summaries, paired, several, bs)
+    return _after_weakest(L, summaries, paired, several, bs, pictures)
 
 
-def _after_weakest(L: list[str], summaries: Mapping[str, dict], paired, several: bool, bs: Mapping) -> str:
+def _after_weakest(L: list[str], summaries: Mapping[str, dict], paired, several: bool, bs: Mapping,
+                   pictures: set[str]) -> str:
     # Secondary metrics
     L += ["## Secondary metrics (not in the score)", "",
           "Recovery: successes among tries whose disturbance fired (Wilson 95%). Drops: tries with a dropped "
@@ -300,7 +312,7 @@ def _after_weakest(L: list[str], summaries: Mapping[str, dict], paired, several:
            (s["secondary"]["latency_ms"] or {}).get("p50") is None for s in summaries.values()):
         L += ["Inference percentiles are n/a where the records hold only per-try means (no `infer_ms` lists).", ""]
 
-    L += _latency_section(summaries)
+    L += _latency_section(summaries, pictures)
 
     # Full board
     if any(s["full_board"] for s in summaries.values()):
@@ -314,6 +326,8 @@ def _after_weakest(L: list[str], summaries: Mapping[str, dict], paired, several:
         L += _table(["Model", "Id", "Name", "k/n", "%", "Wilson 95%", "Mean blocks inserted (of 3)", "Flags"],
                     rows, ["l"] * 3 + ["r"] * 4 + ["l"])
         L.append("")
+        if not any(s["n_tries"] for s in summaries.values()):  # a full-board run: its heatmap is this table's
+            L += _picture(pictures, "heatmap.png", "Full-board success, k/n in every cell")
 
     # Paired
     if several:
@@ -340,7 +354,7 @@ def _after_weakest(L: list[str], summaries: Mapping[str, dict], paired, several:
     return "\n".join(L).rstrip() + "\n"
 
 
-def _latency_section(summaries: Mapping[str, dict]) -> list[str]:
+def _latency_section(summaries: Mapping[str, dict], pictures: set[str]) -> list[str]:
     """Latency profile: query percentiles without warm-up, warm-up apart, time per control step by stage,
     and the device and telemetry where a run recorded them (eval.orin)."""
     have = {n: s for n, s in summaries.items()
@@ -350,7 +364,9 @@ def _latency_section(summaries: Mapping[str, dict]) -> list[str]:
         return []
     L = ["## Latency profile", "",
          "Per policy query, warm-up queries (the first queries of each fresh policy object: compilation, "
-         "caches) excluded and shown apart. Histogram: latency.png.", ""]
+         "caches) excluded and shown apart.", ""]
+    L += _picture(pictures, "latency.png", "Cumulative distribution (CDF) of ms per policy query, log scale, "
+                                           "with mean, p50 and p99 marked")
     rows = []
     for n, s in have.items():
         lat = s["secondary"]["latency_ms"] or {}

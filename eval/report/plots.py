@@ -37,14 +37,26 @@ def plot_latency(queries_ms: Mapping[str, Sequence[float]], path: str | Path,
         for q, ls in ((50, "-"), (99, "--")):
             ax.axvline(np.percentile(v, q), color=c, ls=ls, lw=0.6, alpha=0.7)
     ax.set_xscale("log")
+    _label_log_axis(ax.xaxis)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("ms per query (dotted: mean, solid: p50, dashed: p99)")
     ax.set_ylabel("share of queries")
-    ax.set_title("Policy query latency, cumulative", fontsize=10)
+    ax.set_title("Policy query latency: cumulative distribution (CDF)", fontsize=10)
     ax.grid(color="0.92")
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="lower right")  # a CDF: the lower right is empty past every curve
     fig.tight_layout()
     fig.savefig(str(path))
+
+
+def _label_log_axis(axis) -> None:
+    """A log axis labelled at 1, 2 and 5 of every decade in plain numbers (0.5, 1, 2, 5, 10, ...), not only at
+    the powers of ten."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_locator(LogLocator(base=10, subs=tuple(range(2, 10))))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _new_figure(w: float, h: float):
@@ -56,10 +68,18 @@ def _new_figure(w: float, h: float):
     return fig
 
 
+def run_title(name: str, summary: Mapping) -> str:
+    """A model's name with the arm it ran on where that is not the default Panda ("scripted on widowx250s")."""
+    arm = summary.get("arm")
+    return f"{name} on {arm}" if isinstance(arm, str) and arm != "panda" else name
+
+
 def _label(name: str, summary: Mapping) -> str:
-    """A model's name in a picture, marked when its weights are random (its success means nothing)."""
+    """A model's name in a picture, with its arm (not the Panda), marked when its weights are random (its
+    success means nothing)."""
     from eval.report.summary import is_random_weights
 
+    name = run_title(name, summary)
     return f"{name} (random weights: latency only)" if is_random_weights(summary) else name
 
 
@@ -121,13 +141,34 @@ def plot_groups(summaries: Mapping[str, dict], path: str | Path) -> bool:
     return True
 
 
-# success % bands: four between 90 and 100, where the models that matter differ
-HEATMAP_BOUNDS = (0, 25, 50, 70, 80, 90, 94, 97, 99.99, 100.01)
+# The colour key of every success heatmap (REPORT.md's heatmap.png and the results page): (lower bound in %,
+# background, text colour, label), highest first. Four bins inside 90-100, where the models that matter differ
+# (94 and 100 look different); exactly 100 has a colour of its own.
+SUCCESS_BINS = (
+    (100.0, "#1a7837", "#fff", "100"),
+    (97.0, "#5aae61", "#fff", "97-99.9"),
+    (94.0, "#a6dba0", "#000", "94-96.9"),
+    (90.0, "#d9f0d3", "#000", "90-93.9"),
+    (80.0, "#fee08b", "#000", "80-89.9"),
+    (60.0, "#fdae61", "#000", "60-79.9"),
+    (30.0, "#f46d43", "#000", "30-59.9"),
+    (0.0, "#c2252b", "#fff", "0-29.9"),
+)
+NO_TRIES_COLOUR = "#eeeeee"
+
+
+def success_bin(pct: float) -> tuple[float, str, str, str]:
+    """The bin of a success rate in % (the highest whose lower bound it reaches)."""
+    for b in SUCCESS_BINS:
+        if pct >= b[0] - 1e-9:
+            return b
+    return SUCCESS_BINS[-1]
 
 
 def plot_heatmap(summaries: Mapping[str, dict], path: str | Path) -> None:
-    """Setup x model success rates (%) with k/n in every cell, on a colour scale whose bands separate 90-100;
-    only the setups some model has tries of; grey = no tries."""
+    """Setup x model success rates (%) with k/n in every cell, in the colours of :data:`SUCCESS_BINS` (the
+    results page's key); only the setups some model has tries of; grey = no tries. The colour key draws each
+    bin at its real size (proportional), exactly 100 as the triangle at its top."""
     names = list(summaries)
     fb = [sid for sid in FULL_BOARD_IDS if any(sid in s["full_board"] for s in summaries.values())]
     rows = _held(summaries) + fb
@@ -141,13 +182,13 @@ def plot_heatmap(summaries: Mapping[str, dict], path: str | Path) -> None:
                 counts[i, j] = f"{e['k']}/{e['n']}"
                 if e["rate"] is not None:
                     data[i, j] = 100 * e["rate"]
-    import matplotlib
-    from matplotlib.colors import BoundaryNorm
+    from matplotlib.colors import BoundaryNorm, ListedColormap
 
-    base = matplotlib.colormaps["RdYlGn"]
-    cmap = base.resampled(len(HEATMAP_BOUNDS) - 1).with_extremes(bad="0.85")
-    norm = BoundaryNorm(HEATMAP_BOUNDS, cmap.N)
-    fig = _new_figure(3.4 + 1.2 * len(names), 1.9 + 0.3 * max(1, len(rows)))
+    up = SUCCESS_BINS[::-1]  # lowest first
+    bounds = [b[0] for b in up]  # 0 .. 100; rates of exactly 100 are "over" the last bound
+    cmap = ListedColormap([b[1] for b in up]).with_extremes(over=up[-1][1], bad=NO_TRIES_COLOUR)
+    norm = BoundaryNorm(bounds, len(up), extend="max")
+    fig = _new_figure(3.6 + 1.2 * len(names), max(4.0, 1.9 + 0.3 * max(1, len(rows))))
     ax = fig.add_subplot(1, 1, 1)
     im = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
     for i in range(len(rows)):
@@ -157,7 +198,7 @@ def plot_heatmap(summaries: Mapping[str, dict], path: str | Path) -> None:
             if (i, j) in counts:
                 txt += f" ({counts[i, j]})"
             ax.text(j, i, txt, ha="center", va="center", fontsize=6.5,
-                    color="0.3" if np.isnan(v) else ("white" if v < 25 else "black"))
+                    color="0.3" if np.isnan(v) else success_bin(v)[2])
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"{sid} {SETUPS[sid].name}" for sid in rows], fontsize=7)
     ax.set_xticks(range(len(names)))
@@ -173,8 +214,9 @@ def plot_heatmap(summaries: Mapping[str, dict], path: str | Path) -> None:
     if fb:
         title += "\nbelow the black line: full board, not in S" if rows != fb else "\nfull board, not in S"
     fig.suptitle(title, fontsize=9)  # above the model names at the top, never cut
-    cb = fig.colorbar(im, ax=ax, fraction=0.05, pad=0.03, ticks=HEATMAP_BOUNDS[:-2] + (100,))
-    cb.ax.tick_params(labelsize=7)
-    cb.set_label("success %", fontsize=8)
+    cb = fig.colorbar(im, ax=ax, fraction=0.05, pad=0.03, shrink=0.95, aspect=60, spacing="proportional",
+                      extend="max", extendfrac=0.04, ticks=bounds)
+    cb.ax.tick_params(labelsize=6.5)
+    cb.set_label("success %, bins at their real size (triangle: exactly 100)", fontsize=7)
     fig.tight_layout()
     fig.savefig(str(path))

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 from env.setups import SCORED_IDS
 from eval.report.markdown import render_markdown
-from eval.report.plots import plot_groups, plot_heatmap, plot_latency
+from eval.report.plots import _label, plot_groups, plot_heatmap, plot_latency
 from eval.report.summary import (
     ReportError,
     batch_summary,
@@ -158,17 +158,8 @@ def write_report(tries_paths: Sequence[str | Path], out_dir: str | Path, *, name
     except OSError as e:
         raise ReportError(f"{out}: cannot create folder ({e.strerror or e})") from None
     result = summaries[model_names[0]] if len(model_names) == 1 else {"models": summaries, "paired": paired}
-    queries = {n: [float(v) for r in _split_records(recs)[0] if isinstance(r.get("infer_ms"), list)
-                   for v in r["infer_ms"]] for n, recs in zip(model_names, records)}
-    # every file is written beside its final name first and renamed once all are written: a crash or a
-    # full disk leaves the previous report whole, never a truncated picture or a mix of two reports
-    staged: dict[str, Path] = {}
 
-    def stage(name: str) -> Path:
-        staged[name] = out / f".{Path(name).stem}.partial{Path(name).suffix}"
-        return staged[name]
-
-    try:
+    def data_files(stage) -> None:
         stage("summary.json").write_text(json.dumps(result, indent=1, allow_nan=False) + "\n", encoding="utf-8")
         with open(stage("per_config.csv"), "w", newline="", encoding="utf-8") as f:
             w = csv.writer(f)
@@ -176,18 +167,71 @@ def write_report(tries_paths: Sequence[str | Path], out_dir: str | Path, *, name
                         "wilson_high", "scored"])
             for n, s in summaries.items():
                 w.writerows(_csv_rows(n, s))
-        stage("REPORT.md").write_text(render_markdown(summaries, paired, sources), encoding="utf-8")
+
+    _write_files(out, summaries, paired, sources, dict(zip(model_names, records)), data_files)
+    return result
+
+
+def rebuild_report(out_dir: str | Path) -> dict:
+    """REPORT.md and the pictures of a report folder again, from its summary.json as it is (every number and
+    what eval.run / eval.orin added beside the records: the run, the device, telemetry) and the tries files it
+    names (the latency picture's queries). summary.json and per_config.csv are not written."""
+    out = Path(out_dir)
+    sp = out / "summary.json"
+    try:
+        result = json.loads(sp.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ReportError(f"{sp}: cannot read ({e.strerror or e}): not a report folder") from None
+    except ValueError as e:
+        raise ReportError(f"{sp}: not JSON ({' '.join(str(e).split())})") from None
+    if isinstance(result, dict) and isinstance(result.get("models"), dict):
+        summaries, paired = result["models"], result.get("paired") or {}
+    elif isinstance(result, dict) and "setups" in result and "model" in result:
+        summaries, paired = {str(result["model"]): result}, {}
+    else:
+        raise ReportError(f"{sp}: not a benchmark report's summary (no setups, no models)")
+    records, sources = {}, {}
+    for n, s in summaries.items():
+        src = Path(str(s.get("source") or out / "tries.jsonl"))
+        if not src.is_file() and len(summaries) == 1 and (out / "tries.jsonl").is_file():
+            src = out / "tries.jsonl"  # a folder moved since: its own tries
+        if not src.is_file():
+            raise ReportError(f"{sp}: {n}'s tries file {src} is not there (run from the folder the report was made "
+                              f"in, or rebuild with python -m eval.report --tries ...)")
+        records[n] = load_tries(src)
+        sources[n] = str(s.get("source") or src)
+    _write_files(out, summaries, paired, sources, records, None)
+    return result
+
+
+def _write_files(out: Path, summaries: Mapping[str, dict], paired: Mapping[str, dict], sources: Mapping[str, str],
+                 records: Mapping[str, list[dict]], data_files) -> None:
+    """The report's files: ``data_files(stage)`` (summary.json, per_config.csv; None: left as they are), then
+    the pictures and REPORT.md, which links the pictures that were drawn. Every file is written beside its
+    final name first and renamed once all are written: a crash or a full disk leaves the previous report
+    whole, never a truncated picture or a mix of two reports."""
+    queries = {n: [float(v) for r in _split_records(recs)[0] if isinstance(r.get("infer_ms"), list)
+                   for v in r["infer_ms"]] for n, recs in records.items()}
+    staged: dict[str, Path] = {}
+
+    def stage(name: str) -> Path:
+        staged[name] = out / f".{Path(name).stem}.partial{Path(name).suffix}"
+        return staged[name]
+
+    try:
+        if data_files is not None:
+            data_files(stage)
         if not plot_groups(summaries, stage("groups.png")):  # no scored tries (a full-board run): no groups
             staged.pop("groups.png").unlink(missing_ok=True)
         plot_heatmap(summaries, stage("heatmap.png"))
         if any(queries.values()):
             warmup = {n: sum(len(r.get("warmup_ms") or []) for r in _split_records(recs)[0])
-                      for n, recs in zip(model_names, records)}
-            from eval.report.plots import _label
-
+                      for n, recs in records.items()}
             plot_latency({_label(n, summaries[n]): v for n, v in queries.items()}, stage("latency.png"),
                          {_label(n, s): _machine_name(s) for n, s in summaries.items()},
                          {_label(n, summaries[n]): w for n, w in warmup.items()})
+        pictures = [n for n in staged if n.endswith(".png")]
+        stage("REPORT.md").write_text(render_markdown(summaries, paired, sources, pictures), encoding="utf-8")
         for name, tmp in staged.items():
             os.replace(tmp, out / name)
         for name in ("latency.png", "groups.png"):  # an earlier report's picture would describe other tries
@@ -199,7 +243,6 @@ def write_report(tries_paths: Sequence[str | Path], out_dir: str | Path, *, name
     finally:
         for tmp in staged.values():
             tmp.unlink(missing_ok=True)
-    return result
 
 
 def _machine_name(summary: Mapping[str, Any]) -> str:

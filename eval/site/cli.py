@@ -8,8 +8,14 @@ from pathlib import Path
 from typing import Sequence
 
 from eval.report.summary import ReportError
+from eval.site.published import read_published
 from eval.site.render import render_page
-from eval.site.runs import PUBLISHED_FILE, SiteError, load_published, load_runs
+from eval.site.runs import SiteError, load_runs
+from eval.site.spec import SPEC_FILE, read_spec
+
+
+# the page's screenshots in docs/ (README.md shows them): file, window width and height in CSS pixels
+SCREENSHOTS = (("results_page.png", 1400, 1800), ("results_page_500px.png", 500, 2200))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -17,12 +23,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def build_site(run_dirs: Sequence[str | Path], out_dir: str | Path, *, published: str | Path = PUBLISHED_FILE,
+def build_site(run_dirs: Sequence[str | Path], out_dir: str | Path, *, spec: str | Path = SPEC_FILE,
                n_boot: int = 5000, seed: int = 0) -> tuple[Path, list[str]]:
-    """Write ``out_dir/index.html`` from the run folders; returns its path and notes on folders left out."""
+    """Write ``out_dir/index.html`` from the run folders and the spec (its text, and section 8's published
+    numbers); returns its path and notes on folders left out."""
     runs, notes = load_runs(run_dirs)
-    pub = load_published(published)
-    html = render_page(runs, pub, n_boot=n_boot, seed=seed)
+    spec_doc = read_spec(spec)
+    html = render_page(runs, spec_doc, read_published(spec_doc), n_boot=n_boot, seed=seed)
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -44,15 +51,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "searched for run folders below it.")
     ap.add_argument("--runs", nargs="+", required=True, metavar="DIR", help="run folders (or folders holding them)")
     ap.add_argument("--out", required=True, metavar="SITE", help="output folder; the page is SITE/index.html")
-    ap.add_argument("--published", default=str(PUBLISHED_FILE), metavar="JSON",
-                    help="the published numbers (default: eval/site/published.json, spec section 8)")
+    ap.add_argument("--spec", default=str(SPEC_FILE), metavar="MD",
+                    help="the benchmark spec: its sections are shown and section 8's published numbers quoted "
+                         "(default: docs/BENCHMARK.md)")
+    ap.add_argument("--screenshots", metavar="DIR",
+                    help="also write DIR/" + " and DIR/".join(n for n, *_ in SCREENSHOTS) +
+                         ": the top of the page in headless Chromium at " +
+                         " and ".join(f"{w} px" for _, w, _ in SCREENSHOTS) + " (needs the package chromium)")
     ap.add_argument("--n-boot", type=int, default=5000, help="bootstrap redraws of the paired differences (5000)")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     args = ap.parse_args(argv)
     if args.n_boot < 1:
         ap.error("--n-boot must be >= 1")
     try:
-        path, notes = build_site(args.runs, args.out, published=args.published, n_boot=args.n_boot, seed=args.seed)
+        path, notes = build_site(args.runs, args.out, spec=args.spec, n_boot=args.n_boot, seed=args.seed)
     except (SiteError, ReportError) as e:
         print(f"{ap.prog}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
@@ -60,4 +72,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"left out {n}", file=sys.stderr)
     size = path.stat().st_size
     print(f"results page written to {path} ({size / 1024:.0f} KiB)")
+    if args.screenshots:
+        from eval.site.browser import BrowserError, screenshot
+
+        try:
+            Path(args.screenshots).mkdir(parents=True, exist_ok=True)
+            for name, width, height in SCREENSHOTS:
+                shot = screenshot(path, Path(args.screenshots) / name, width, height)
+                print(f"screenshot at {width} px written to {shot}")
+        except (BrowserError, OSError) as e:
+            print(f"{ap.prog}: error: {' '.join(str(e).split())}", file=sys.stderr)
+            return 2
     return 0

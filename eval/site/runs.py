@@ -1,4 +1,4 @@
-"""Run folders for the results page: loading, the leaderboard's ranking rules, the published numbers.
+"""Run folders for the results page: loading, the leaderboard's ranking rules and sections.
 
 A run folder is what ``eval.run`` / ``eval.orin`` write: ``summary.json`` (one model, built by
 :func:`eval.report.summary.build_summary`), with ``run.json`` and ``tries.jsonl`` beside it where they
@@ -7,9 +7,12 @@ report agree), and reads ``tries.jsonl`` only for what a summary does not hold: 
 of the CDF and the paired differences (:func:`eval.report.summary.paired_summary`).
 
 Ranking rules (docs/BENCHMARK.md section 4, the published page): only frozen-track runs with real
-weights, complete (every scored setup has its planned tries) on the test split are ranked; reference,
-adapted and sanity runs are shown for comparison; a random-weights run is never ranked and is labelled
-"latency only" wherever it appears; an incomplete run is marked "Incomplete: k of n tries per setup".
+weights, complete (every scored setup has its planned tries) on the test split with the Panda are ranked;
+the leaderboard shows beside them the reference, adapted and sanity runs made with the track's own model
+(Panda, test split, every setup). Every other run has its own section, labelled for what it is: a variant
+(weights other than the model's committed ones: not the track's recipe), another arm (the scripted
+reference as a check of the task list, spec section 7), a dev-split example, an incomplete run, a
+random-weights run ("latency only" wherever it appears), a full-board run.
 """
 from __future__ import annotations
 
@@ -19,12 +22,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from env.setups import DIFFICULTIES, GROUPS, SCORED_IDS, difficulty_of, group_of
+from env.setups import DIFFICULTIES, GROUPS, SCORED_IDS
 from eval.report.summary import ReportError, is_random_weights, load_tries
-from eval.stats import score, score_to_dict, wilson
 
-PUBLISHED_FILE = Path(__file__).with_name("published.json")
 LATENCY_ONLY = "latency only: random weights, success meaningless"
+DEFAULT_ARM = "panda"
+SCORE_SPLIT = "test"
+# the page's sections of runs, in the page's order, with their headings
+SECTIONS = {
+    "ranked": "Ranked: frozen track (released models, real weights, complete test-split runs)",
+    "comparison": "Not ranked, shown for comparison: reference, adapted and sanity tracks",
+    "variant": "Variants: other weights than the model's own (not the track's recipe)",
+    "other_arm": "Other arms: the scripted reference as a check of the task list (spec section 7)",
+    "incomplete": "Incomplete runs",
+    "example": "Examples on other splits (latency and the device report, not results)",
+    "latency_only": "Random weights (latency only, success meaningless)",
+    "full_board": "Full-board task only",
+}
+SECTION_SHORT = {"ranked": "ranked", "comparison": "leaderboard, not ranked", "variant": "variant",
+                 "other_arm": "other arm", "incomplete": "incomplete", "example": "example",
+                 "latency_only": "latency only", "full_board": "full board"}
 
 
 class SiteError(ValueError):
@@ -161,8 +178,11 @@ def load_runs(dirs: Sequence[str | Path]) -> tuple[list[Run], list[str]]:
     if not runs:
         raise SiteError("no run folders given")
     _name_runs(runs)
+    defaults: dict[str, str | None] = {}
     for r in runs:
-        r.status = run_status(r.summary, r.run_json)
+        if r.model not in defaults:
+            defaults[r.model] = default_weights_sha256(r.model)
+        r.status = run_status(r.summary, r.run_json, defaults[r.model])
     board = leaderboard(runs)  # every section of the page lists the runs in the leaderboard's order
     return [r for sec in board.values() for _, r in sec], notes
 
@@ -189,14 +209,16 @@ def tries_per_setup(summary: Mapping) -> tuple[int, int, int]:
     return min(ns), max(ns), sum(1 for n in ns if n == 0)
 
 
-def run_status(summary: Mapping, run_json: Mapping | None = None) -> dict:
-    """The leaderboard's verdict on one run.
+def run_status(summary: Mapping, run_json: Mapping | None = None, default_weights: str | None = None) -> dict:
+    """The page's verdict on one run: which section it belongs to and why.
 
-    Returns {ranked, section ('ranked', 'comparison', 'incomplete', 'latency_only', 'full_board'),
-    incomplete (the "Incomplete: k of n tries per setup" text or None), latency_only, text}.
+    ``default_weights``: sha256 of the model's committed weights file (None: the model has none); a run
+    with other weights is a variant. Returns {ranked, section (a key of :data:`SECTIONS`), incomplete (the
+    "Incomplete: k of n tries per setup" text or None), latency_only, variant, track, text}.
     """
     track = summary.get("track")
     split = summary.get("split")
+    arm = summary.get("arm") or DEFAULT_ARM
     random_w = is_random_weights(summary, run_json)
     k, n, empty = tries_per_setup(summary)
     planned = (summary.get("run") or {}).get("planned") if isinstance(summary.get("run"), Mapping) else None
@@ -209,17 +231,29 @@ def run_status(summary: Mapping, run_json: Mapping | None = None) -> dict:
     elif not full_only and isinstance(planned, int) and planned > int(summary.get("n_tries") or 0) + sum(
             int(e.get("n") or 0) for e in (summary.get("full_board") or {}).values()):
         incomplete = f"Incomplete: {summary.get('n_tries')} of {planned} planned tries"
-    out = {"ranked": False, "incomplete": incomplete, "latency_only": random_w, "track": track}
+    weights = summary.get("weights_sha256")
+    variant = bool(default_weights and isinstance(weights, str) and weights != default_weights)
+    out = {"ranked": False, "incomplete": incomplete, "latency_only": random_w, "variant": variant, "track": track}
     if random_w:
         out.update(section="latency_only", text=f"never ranked: {LATENCY_ONLY}")
     elif full_only:
         out.update(section="full_board", text="full-board task only (not in the score)")
+    elif split != SCORE_SPLIT:
+        ran = [sid for sid, e in (summary.get("setups") or {}).items() if (e or {}).get("n")]
+        where = ", ".join(ran) if len(ran) <= 6 else f"{len(ran)} setups"
+        out.update(section="example", text=f"not a result: {summary.get('n_tries')} tries of {where} on the {split} "
+                                           f"split, an example; the leaderboard ranks the {SCORE_SPLIT} split")
     elif incomplete:
         out.update(section="incomplete", text=incomplete + "; not ranked")
-    elif track == "frozen" and split == "test":
-        out.update(ranked=True, section="ranked", text="ranked (frozen track)")
+    elif arm != DEFAULT_ARM:
+        out.update(section="other_arm", text=f"not ranked: {arm}, a check of the task list (only the "
+                                             f"{DEFAULT_ARM} is scored)")
+    elif variant:
+        out.update(section="variant", text=f"not ranked: other weights (sha256 {weights[:12]}…) than the "
+                                           f"model's committed ones (sha256 {default_weights[:12]}…): not the "
+                                           f"track's recipe")
     elif track == "frozen":
-        out.update(section="comparison", text=f"not ranked: {split} split (the leaderboard ranks the test split)")
+        out.update(ranked=True, section="ranked", text="ranked (frozen track)")
     else:
         why = {"reference": "reference track", "sanity": "sanity track", "adapted": "adapted track"}.get(
             str(track), f"track {track}")
@@ -233,8 +267,7 @@ def leaderboard(runs: Sequence[Run]) -> dict[str, list[tuple[int | None, Run]]]:
         s = r.summary.get("S")
         return (s is None, -(s or 0.0), r.label)
 
-    out: dict[str, list[tuple[int | None, Run]]] = {s: [] for s in ("ranked", "comparison", "incomplete",
-                                                                    "latency_only", "full_board")}
+    out: dict[str, list[tuple[int | None, Run]]] = {s: [] for s in SECTIONS}
     for r in sorted(runs, key=key):
         out[r.status["section"]].append((None, r))
     ranked = out["ranked"]
@@ -245,45 +278,25 @@ def leaderboard(runs: Sequence[Run]) -> dict[str, list[tuple[int | None, Run]]]:
     return out
 
 
-# --------------------------------------------------------------------------
-# The published numbers (spec section 8), from eval/site/published.json
-# --------------------------------------------------------------------------
-def load_published(path: str | Path = PUBLISHED_FILE) -> dict:
-    """The published numbers, each entry with per-setup Wilson ranges and, where per-setup numbers are
-    published, group / difficulty / M values derived with the benchmark's own statistics."""
-    path = Path(path)
-    pub = _read_json(path)
-    if not isinstance(pub, dict) or not isinstance(pub.get("entries"), list):
-        raise SiteError(f"{path}: no 'entries' list")
-    for e in pub["entries"]:
-        setups = e.get("setups")
-        if not setups:
-            continue
-        for sid, c in setups.items():
-            iv = wilson(int(c["k"]), int(c["n"]))
-            c["rate"] = c["k"] / c["n"]
-            c["ci"] = [iv.low, iv.high]
-        outcomes = {sid: [True] * int(c["k"]) + [False] * (int(c["n"]) - int(c["k"])) for sid, c in setups.items()}
-        sd = score_to_dict(score(outcomes, group_of(), difficulty_of(), n_boot=2000, seed=0))
-        e["derived"] = {"groups": sd["groups"], "difficulty": sd["difficulty"], "S": sd["S"], "S_ci": sd["S_ci"],
-                        "M": sd["M"], "M_ci": sd["M_ci"]}
-        for sid, c in (e.get("full_board") or {}).items():
-            iv = wilson(int(c["k"]), int(c["n"]))
-            c["rate"] = c["k"] / c["n"]
-            c["ci"] = [iv.low, iv.high]
-    return pub
+def default_weights_sha256(model: str) -> str | None:
+    """sha256 of the weights file a model loads when none is given (None: it has no committed file)."""
+    from eval.policies import MODELS
+
+    spec = MODELS.get(model)
+    if spec is None or spec.weights_sha256 is None:
+        return None
+    try:
+        return spec.weights_sha256()
+    except OSError:  # the committed file is not there (a partial checkout): no run can be told a variant by it
+        return None
 
 
-def published_for(run: Run, pub: Mapping) -> dict | None:
-    """The published entry of a run's model and arm (None when the spec publishes none)."""
-    model, arm = run.summary.get("model"), run.summary.get("arm") or "panda"
-    opts = (run.run_json or {}).get("options") or {}
-    if isinstance(opts, Mapping) and opts.get("checkpoint"):
-        return None  # other weights than the model's own (e.g. an experiment): the published numbers are not its
-    for e in pub.get("entries", ()):
-        if model in e.get("model", ()) and arm == e.get("arm", "panda"):
-            return e
-    return None
+def package_version(run: Run, name: str) -> str | None:
+    """A package's version as the run's run.json recorded it (eval.run writes the environment since v2)."""
+    env = (run.run_json or {}).get("environment")
+    pk = env.get("packages") if isinstance(env, Mapping) else None
+    v = pk.get(name) if isinstance(pk, Mapping) else None
+    return str(v) if v else None
 
 
 # --------------------------------------------------------------------------
@@ -365,6 +378,7 @@ def finite(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-__all__ = ["Run", "SiteError", "LATENCY_ONLY", "PUBLISHED_FILE", "load_run", "load_runs", "find_runs",
-           "run_status", "leaderboard", "is_random_weights", "tries_per_setup", "load_published",
-           "published_for", "device_name", "quantile_points", "command_line", "GROUPS", "DIFFICULTIES"]
+__all__ = ["Run", "SiteError", "LATENCY_ONLY", "SECTIONS", "SECTION_SHORT", "DEFAULT_ARM", "SCORE_SPLIT",
+           "load_run", "load_runs", "find_runs", "run_status", "leaderboard", "is_random_weights", "tries_per_setup",
+           "default_weights_sha256", "package_version", "device_name", "quantile_points", "command_line", "GROUPS",
+           "DIFFICULTIES"]
