@@ -51,6 +51,11 @@ class ModelConfig:
     description: ClassVar[str] = ""
 
     @classmethod
+    def describe(cls, name: str) -> str:
+        """What the model is, in a few words (the model table of the results page)."""
+        return cls.description
+
+    @classmethod
     def option_fields(cls) -> list[dataclasses.Field]:
         return [f for f in fields(cls) if f.name != "name"]
 
@@ -175,10 +180,10 @@ class OctoConfig(ModelConfig):
         if self.goal_image not in (None, "solved"):  # workers (and Ray actors) read it by absolute path
             object.__setattr__(self, "goal_image", str(Path(self.goal_image).expanduser().resolve()))
 
-    @property
-    def description(self) -> str:  # type: ignore[override]
-        size = "27M" if self.name == "octo-small" else "93M"
-        return f"Octo 1.5 {self.name.split('-')[1]} ({size} + t5-base), released weights, zero-shot"
+    @classmethod
+    def describe(cls, name: str) -> str:
+        size = "27M" if name == "octo-small" else "93M"
+        return f"Octo 1.5 {name.split('-')[1]} ({size} + t5-base), released weights, zero-shot"
 
     def check(self, runtime) -> None:
         if self.goal_image and self.goal_image != "solved":

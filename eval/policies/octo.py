@@ -93,11 +93,12 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from eval.policies.base import Policy
 from engines.zero_copy import is_torch_tensor, stack_rows
+from env.setups import ACTION_ROTATION_RAD, ACTION_TRANSLATION_M
+from eval.policies.base import Policy
 
-TRANSLATION_SCALE_M = 0.1
-ROTATION_SCALE_RAD = 0.1
+TRANSLATION_SCALE_M = ACTION_TRANSLATION_M  # the scene's controller: metres and radians per unit action
+ROTATION_SCALE_RAD = ACTION_ROTATION_RAD
 CAMERA_OF = {"primary": "third_person", "wrist": "wrist"}  # Octo image -> observation["images"] key
 AVG_CROP_SCALE, AVG_CROP_RATIO = 0.9, 1.0  # the mean of upstream's random_resized_crop (scale 0.8..1)
 AUGMENTED_KEYS = ("image_primary",)
