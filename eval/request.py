@@ -282,25 +282,22 @@ class RemoteConfig(ModelConfig):
         if not self.server.startswith(("ws://", "wss://")):
             raise ValueError(f"--server must be a ws:// or wss:// URL, got {self.server!r}")
         wire.check_protocol(self.protocol)
-        get_profile(self.profile or "")  # an unknown profile: one line naming the valid ones
+        # looked up once (an unknown profile: one line naming the valid ones); its track and observations are the
+        # run's
+        object.__setattr__(self, "_profile_row", get_profile(self.profile or ""))
         if self.token is None and os.environ.get(TOKEN_ENV):  # read once, in the parent; never written
             object.__setattr__(self, "token", os.environ[TOKEN_ENV])
             object.__setattr__(self, "_token_source", f"${TOKEN_ENV}")
         elif self.token:
             object.__setattr__(self, "_token_source", "--token")
 
-    def _profile(self):
-        from eval.remote.profiles import get_profile
-
-        return get_profile(self.profile or "")
-
     @property
     def track(self) -> str:  # type: ignore[override]
-        return self._profile().track  # what a served model observes, and its track, are its profile's
+        return self._profile_row.track  # what a served model observes, and its track, are its profile's
 
     @property
     def observes(self) -> str:  # type: ignore[override]
-        return self._profile().observes
+        return self._profile_row.observes
 
     @property
     def profile_name(self) -> str | None:

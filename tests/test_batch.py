@@ -15,6 +15,8 @@ from eval.policies.base import query_members
 from eval.rollout import BatchError, check_batch_request, gpu_sim_unavailable_reason
 from tests.conftest import REPO_ROOT
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 
 def test_batched_loop_on_cpu_matches_one_scene_at_a_time():
     from benchmarks.gpu_physics_check import compare_setup
@@ -113,6 +115,7 @@ def test_run_cli_batched_resumes_and_reports(tmp_path):
     assert len(mixed.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(gpu_sim_unavailable_reason() is not None,
                     reason=f"GPU simulation unavailable: {gpu_sim_unavailable_reason()}")
 def test_gpu_scenes_run_a_batch():

@@ -11,6 +11,8 @@ from engines.bc_mlp import BadCheckpointError, BCConfig
 from eval.training.state_features import SCENE_DIM, STATE_DIM, ActionHistory, policy_input, state_vector
 from eval.training.train_bc import train
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 
 def _state(block_yaw=0.3, shape_k=1, grip=0.2):
     def q_yaw(a):
@@ -141,6 +143,7 @@ def test_trt_backend_without_tensorrt_is_one_line(trained, tmp_path, monkeypatch
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(_trt_reason() is not None, reason=f"TensorRT unavailable: {_trt_reason()}")
 def test_trt_backend_matches_onnx_runtime(trained, tmp_path, monkeypatch):
     from eval.policies.base import query_members

@@ -17,6 +17,8 @@ jax = pytest.importorskip("jax")
 
 from eval.rollout import gpu_sim_unavailable_reason  # noqa: E402
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 INSTRUCTION = "put the circle block into the circle hole"
 
 
@@ -122,16 +124,17 @@ def test_policies_receive_runners_from_the_one_factory():
 
 
 def test_the_factory_names_each_models_backends_in_one_line():
-    from engines.backends import BackendSpec, model_backend, model_runner
+    from engines.backends import model_backend, resolve_runtime
 
     assert model_backend("octo-base") == "jax" and model_backend("bc-state") == "ort"
     with pytest.raises(ValueError, match="valid: ort, trt, torch") as e:
         model_backend("bc-state", "jax")
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="no runner for model 'scripted'"):
-        model_runner("scripted", BackendSpec("ort"))
+        resolve_runtime("scripted", "ort")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(gpu_sim_unavailable_reason() is not None,
                     reason=f"GPU simulation unavailable: {gpu_sim_unavailable_reason()}")
 def test_gpu_scenes_hand_frames_to_the_engine_on_the_device():

@@ -525,6 +525,7 @@ def test_tensorrt_runner_passes_device_pointers_without_copies(monkeypatch, tmp_
     assert counter.per_step == [0, host.nbytes] and not counter.report()["zero_copy"]
 
 
+@pytest.mark.gpu
 def test_cuda_frame_to_the_host_is_counted():
     reason = zc.cuda_unavailable_reason()
     if reason:
@@ -537,6 +538,7 @@ def test_cuda_frame_to_the_host_is_counted():
     assert host.shape == (1, 64, 64, 3) and counter.d2h_bytes == 64 * 64 * 3
 
 
+@pytest.mark.gpu
 def test_tensorrt_engine_binding_on_gpu(tmp_path):
     from engines import trt as trt_cache
 

@@ -8,12 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from env import tasklist
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ("", "Prescott", "Haswell")  # "": the kernel OpenBLAS picks for this CPU
 DERIVE = """
 import hashlib
+import pytest
+
 from env import tasklist
 from eval.reasoning import genset
 from eval.reasoning.build import states_sha256
@@ -23,6 +27,7 @@ print(genset.states_sha256())
 """
 
 
+@pytest.mark.slow
 def test_dev_split_and_reasoning_sets_states_are_identical_under_every_blas_kernel():
     procs = {}
     for kernel in KERNELS:

@@ -56,6 +56,7 @@ def test_goal_cameras_are_the_task_stacking_ones(tiny):
     assert goal_cameras(cfg) == ["primary", "wrist"]  # Octo 1.5: task_stack_keys on both tokenizers
 
 
+@pytest.mark.slow
 def test_zero_goal_is_todays_model_bit_for_bit(tiny, backbone):
     """A goal of zeros (upstream's stand-in for a language-only task) gives exactly the readout and actions of
     the model given no goal, the path every pinned value and parity test runs."""
@@ -179,6 +180,7 @@ def test_ort_matches_jax_with_a_goal(exported, backbone, batch, seed):
     assert rel_err(ort.readout(images, masks, lang), plain) <= REL_TOL
 
 
+@pytest.mark.slow
 def test_runners_take_goal_feeds_alike(exported):
     """The runner interface (feeds): JaxOcto and OnnxOcto give the same actions with a goal_primary feed."""
     from engines.octo.runners import JaxOcto
@@ -367,6 +369,7 @@ def test_solved_start_seats_the_target_blocks_in_their_holes():
         assert (solved.board_x, solved.board_y, solved.colors) == (start.board_x, start.board_y, start.colors)
 
 
+@pytest.mark.sim
 def test_solved_goal_renders_the_try_with_its_block_in_the_hole():
     pytest.importorskip("mani_skill")
     import torch

@@ -204,13 +204,13 @@ def test_ort_has_no_bf16_kernels_here():
 
 def test_model_runner_refuses_bad_precisions_and_a_missing_int8_graph_in_one_line(monkeypatch):
     pytest.importorskip("torch")
-    from engines.backends import BackendSpec, BackendUnavailable, model_runner
+    from engines.backends import BackendSpec, BackendUnavailable, model_runner, resolve_runtime
     from engines.bc_mlp import DEFAULT_WEIGHTS
 
     if not DEFAULT_WEIGHTS.exists():
         pytest.skip("no bc-state weights")
-    with pytest.raises(BackendUnavailable, match="bfloat16") as e:
-        model_runner("bc-state", BackendSpec("ort", precision="bf16"), weights=DEFAULT_WEIGHTS)
+    with pytest.raises(BackendUnavailable, match="bfloat16") as e:  # the runtime is resolved (and refused) once
+        resolve_runtime("bc-state", "ort", "bf16")
     assert "\n" not in str(e.value)
     monkeypatch.setattr(quantize, "find_int8", lambda *a, **k: None)
     with pytest.raises(BackendUnavailable, match="python -m engines.build --models bc-state") as e:

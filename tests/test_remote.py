@@ -24,6 +24,8 @@ pytest.importorskip("websockets")
 TIMING = {"wall_s", "infer_ms", "infer_ms_mean", "infer_ms_p99", "warmup_ms", "step_ms", "machine", "backend",
           "remote_ms"}
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 
 def _outcomes(records):
     return [{k: v for k, v in r.to_json().items() if k not in TIMING} for r in records]

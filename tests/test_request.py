@@ -43,7 +43,7 @@ def test_a_gpu_batched_run_hands_its_setups_as_objects_to_the_workers(monkeypatc
                                       "--tries", "4", "--out", str(tmp_path / "run")])
     outcome = run(args)
     err = capsys.readouterr().err
-    assert outcome.rc == 1 and "Traceback" not in err and "stopped at the workers by the test" in err
+    assert outcome.rc == 2 and "Traceback" not in err and "stopped at the workers by the test" in err
     request = seen["request"]
     assert request.sim == "gpu" and request.num_envs == 4  # the default where CUDA is, for a state model
     assert all(isinstance(s, Setup) for s in request.setups) and [s.id for s in request.setups] == ["A01", "D03"]
@@ -81,6 +81,7 @@ def test_every_option_eval_run_takes_for_a_servable_model_eval_serve_takes_too()
             assert getattr(serve.parse_args(["--model", model, flag, *value]), f.name) not in (None, False)
 
 
+@pytest.mark.sim
 def test_records_carry_the_runs_identity(tmp_path):
     """A bc-state try through the real command line: its record names the model, the track, the arm, the
     backend and the precision it ran at, and run.json keeps the resolved request."""

@@ -16,6 +16,8 @@ from eval.policies.base import Policy
 from eval.rollout import STAGES, Scenes, make_members, rollout, run_try
 from tests.conftest import REPO_ROOT
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 TIMING = {"wall_s", "infer_ms", "infer_ms_mean", "infer_ms_p99", "warmup_ms", "step_ms", "machine", "num_envs"}
 
 
@@ -147,6 +149,7 @@ def test_video_is_a_playable_mp4_of_the_try(tmp_path):
     assert rec["success"]
 
 
+@pytest.mark.slow
 def test_octo_runs_batched_end_to_end(tmp_path):
     pytest.importorskip("jax")
     out = tmp_path / "octo"
