@@ -16,8 +16,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ("", "Prescott", "Haswell")  # "": the kernel OpenBLAS picks for this CPU
 DERIVE = """
 import hashlib
-import pytest
-
 from env import tasklist
 from eval.reasoning import genset
 from eval.reasoning.build import states_sha256
