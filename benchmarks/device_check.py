@@ -19,7 +19,7 @@ Steps, in order; the first five need nothing beyond a machine with torch and JAX
                        arrays in and with inputs already on the device, and parity with CPU JAX
   jax-octo-base        the same for octo-base-1.5
   bc-state-torch       the bc-state MLP on torch CUDA at batch 1..256 (CUDA events), parity with CPU torch
-  dlpack               a torch CUDA frame batch handed to JAX by DLPack (jetson.zero_copy.to_jax): same
+  dlpack               a torch CUDA frame batch handed to JAX by DLPack (engines.zero_copy.to_jax): same
                        memory, byte-identical, host<->device bytes counted; the numpy route as a control
   onnx-trt             ONNX export of bc-state and octo-small, ONNX Runtime (CPU) reference, TensorRT FP32/FP16
                        engines, parity and CUDA-event latency (where TensorRT exists)
@@ -443,7 +443,7 @@ def step_dlpack(ctx: StepContext) -> int:
     import torch
 
     from engines.backends import rel_err
-    from jetson.zero_copy import CopyCounter, nbytes, to_jax
+    from engines.zero_copy import CopyCounter, nbytes, to_jax
 
     if not ctx.dry_run:
         if not torch.cuda.is_available():

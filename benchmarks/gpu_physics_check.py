@@ -33,13 +33,12 @@ def compare_setup(setup_id: str, tries: Sequence[int], num_envs: int, sim: str, 
     torch.set_num_threads(1)
     from env.setups import get_setup
     from env.tasklist import load
-    from eval.policies import get_model
+    from eval.request import make_policy
     from eval.rollout import Scenes, make_members, rollout, run_try
 
     tasklist = load(split)
-    spec = get_model("scripted")
     setup = get_setup(setup_id)
-    factory = lambda: spec.factory(setup=setup)  # noqa: E731
+    factory = lambda: make_policy("scripted", setup=setup)  # noqa: E731
     one = Scenes(setup, 1, sim="cpu")
     t0 = time.monotonic()
     try:

@@ -112,9 +112,9 @@ def bench_scripted(b: Bench, obs) -> None:
 def bench_bc_state(b: Bench, obs, state: np.ndarray, batch: int, threads: int, weights: str | None = None) -> None:
     import torch
 
-    from engines.backends import MODEL_BACKENDS, BackendSpec, model_runner
+    from engines.backends import MODEL_BACKENDS, MODEL_RUNTIMES, BackendSpec, model_runner
     from engines.bc_mlp import DEFAULT_WEIGHTS
-    from eval.policies.bc_state import TRT_BATCH_MAX, TRT_PRECISION, BCStatePolicy
+    from eval.policies.bc_state import BCStatePolicy
 
     torch.set_num_threads(threads)
     weights = weights or DEFAULT_WEIGHTS
@@ -123,7 +123,8 @@ def bench_bc_state(b: Bench, obs, state: np.ndarray, batch: int, threads: int, w
     xs = {1: state[None], batch: (state[None] * (1 + 0.01 * rng.standard_normal((batch, state.size)))).astype(np.float32)}
     refs: dict[tuple, np.ndarray] = {}
     for backend in MODEL_BACKENDS["bc-state"]:
-        spec = BackendSpec(backend, precision=TRT_PRECISION, max_batch=TRT_BATCH_MAX, threads=threads)
+        rt = MODEL_RUNTIMES["bc-state"]
+        spec = BackendSpec(backend, precision=rt.trt_precision, max_batch=rt.trt_batch_max, threads=threads)
         try:
             policy = BCStatePolicy(model_runner("bc-state", spec, weights=weights), weights)
         except Exception as e:  # noqa: BLE001 - a backend that cannot load here is skipped, with why

@@ -35,14 +35,14 @@ SHARES = ("render", "inference", "physics", "other")
 
 
 def _policy_factory(backend: str, quick: bool):
-    from eval.policies import octo_policy
+    from eval.request import make_policy
 
     if quick:
         from engines.octo.testing import tiny_engine
 
         engine = tiny_engine(seed=1)
-        return lambda: octo_policy(engine=engine, backend=backend)
-    return lambda: octo_policy("octo-small", random_weights=True, backend=backend)
+        return lambda: make_policy("octo-small", engine=engine, backend=backend)
+    return lambda: make_policy("octo-small", random_weights=True, backend=backend)
 
 
 def measure(backend: str, num_envs: int, quick: bool, every_step: bool = False, sim: str = "cpu") -> dict:

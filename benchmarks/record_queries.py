@@ -80,15 +80,15 @@ def record(tries, quick: bool = False, progress: bool = True) -> dict[str, np.nd
     """The queries of ``tries`` ((setup, try index) of the dev split), batch-stacked."""
     from env.setups import get_setup
     from env.tasklist import load
-    from eval.policies import octo_policy
+    from eval.request import make_policy
     from eval.rollout import Scenes, run_try
 
     if quick:
         from engines.octo.testing import tiny_engine
 
-        policy = octo_policy(engine=tiny_engine(seed=1), backend="jax")
+        policy = make_policy("octo-small", engine=tiny_engine(seed=1), backend="jax")
     else:
-        policy = octo_policy(MODEL, random_weights=True, backend="jax")
+        policy = make_policy(MODEL, random_weights=True, backend="jax")
     rec = _Recording(policy.runner)
     policy.runner = rec
     policy.reset("warm-up", seed=0)  # the warm-up query (blank images) runs now, before anything is recorded
@@ -115,10 +115,10 @@ def record_bc_states(tries, quick: bool = False, progress: bool = True) -> dict[
     """The states bc-state (fp32 on ONNX Runtime) reads on ``tries`` of the dev split, stacked."""
     from env.setups import get_setup
     from env.tasklist import load
-    from eval.policies import bc_state_policy
+    from eval.request import make_policy
     from eval.rollout import Scenes, run_try
 
-    policy = bc_state_policy(backend="ort")
+    policy = make_policy("bc-state", backend="ort")
     rec = _Recording(policy.runner)
     policy.runner = rec
     tasklist = load(SPLIT)

@@ -82,10 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     proc = server = None
     if args.quick:  # the tiny test Octo in this process: checks the benchmark runs, in seconds
         from engines.octo.testing import tiny_engine
-        from eval.policies import octo_policy
+        from eval.request import make_policy
         from eval.serve import Server, ServedModel
 
-        server = Server(ServedModel(octo_policy(engine=tiny_engine(1)), "octo-small"), args.protocol)
+        server = Server(ServedModel(make_policy("octo-small", engine=tiny_engine(1)), "octo-small"), args.protocol)
         url, batches, queries, warmup, sizes = server.url, (1, 2), 3, 1, ((32, 32), (16, 16))
     else:
         proc, url = _start_server(args.protocol)

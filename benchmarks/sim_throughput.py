@@ -121,8 +121,12 @@ def _pool_run(n_workers: int, jobs, warm_jobs) -> dict:
         return TryRecord(setup=job.setup.id, try_index=job.try_index, seed=0, split=SPLIT, disturbance=None,
                          tasklist_sha256=None, flags=(flag,), finished=False)
 
+    from eval.request import RunRequest, resolve_model
+
+    request = RunRequest(resolve_model("scripted"), setups=tuple({j.setup.id: j.setup for j in jobs}.values()),
+                         split=SPLIT, tries=1)
     t0 = time.perf_counter()
-    pool = WorkerPool(n_workers, "scripted", SPLIT, "panda", None, {})
+    pool = WorkerPool(n_workers, request, None)
     try:
         list(pool.run(list(warm_jobs), hung))
         startup_s = time.perf_counter() - t0

@@ -30,8 +30,28 @@ import numpy as np
 
 GRAPH_BACKENDS = ("ort", "trt")  # run an exported ONNX graph
 BACKENDS = ("jax", "ort", "trt", "torch")
-# the backends each model family runs on, the first its default
-MODEL_BACKENDS = {"bc-state": ("ort", "trt", "torch"), "octo": ("jax", "ort", "trt")}
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")  # what --precision names (each backend runs some)
+
+
+@dataclass(frozen=True)
+class FamilyRuntime:
+    """How a model family runs: its backends (the first its default), its TensorRT precision when none is asked
+    for, the largest batch of its TensorRT profile (every --num-envs batch up to it), ONNX Runtime threads."""
+
+    backends: tuple[str, ...]
+    trt_precision: str
+    trt_batch_max: int
+    ort_threads: int | None = None
+
+
+MODEL_RUNTIMES = {
+    # a 0.3 MB MLP: fp16 would save nothing measurable and cost sub-millimetre precision; one ORT thread at
+    # batch 1 (workers share the cores, more threads gain nothing)
+    "bc-state": FamilyRuntime(("ort", "trt", "torch"), trt_precision="fp32", trt_batch_max=256, ort_threads=1),
+    # fp16: the Orin's fast path (device_check compares it with fp32)
+    "octo": FamilyRuntime(("jax", "ort", "trt"), trt_precision="fp16", trt_batch_max=64),
+}
+MODEL_BACKENDS = {family: r.backends for family, r in MODEL_RUNTIMES.items()}
 
 
 class BackendUnavailable(ValueError):
@@ -79,12 +99,12 @@ def unavailable_reason(backend: str) -> str | None:
 
 
 def make_runner(onnx_path: str | Path, spec: BackendSpec):
-    """An activated runner of ``onnx_path`` on ``spec``'s backend; BackendUnavailable (one line) if it cannot run."""
+    """An activated runner of ``onnx_path`` on ``spec``'s backend (a runtime :func:`resolve_runtime` resolved,
+    or one a benchmark names; a missing module is one line from :func:`engines.optional.require`)."""
     from engines.runners import OnnxRuntimeRunner, TensorRtRunner, cpu_count
 
     if spec.backend not in GRAPH_BACKENDS:
         raise ValueError(f"an ONNX graph runs on {', '.join(GRAPH_BACKENDS)}, not {spec.backend!r}")
-    _check_available(spec.backend)
     onnx_path = Path(onnx_path)
     if spec.backend == "ort":
         return OnnxRuntimeRunner(onnx_path, "cpu", intra_op_threads=spec.threads or cpu_count()).activate()
@@ -121,14 +141,61 @@ def model_backend(model: str, backend: str | None = None) -> str:
     return backend
 
 
+def resolve_runtime(model: str, backend: str | None = None, precision: str | None = None, *,
+                    device_default: bool = False) -> BackendSpec:
+    """THE one resolution of a model's runtime: the backend (the one asked; else the model's default, or with
+    ``device_default`` the fastest this machine runs: TensorRT, else JAX on a GPU for models with a JAX
+    backend, else ONNX Runtime), checked against the model's backends and this machine once, and the precision
+    (the one asked; else the family's TensorRT precision on trt, fp32 elsewhere), checked against the backend;
+    with the family's batch profile and threads. One-line errors (BackendUnavailable, a ValueError)."""
+    family = model_family(model)
+    if backend is None:
+        backend = device_backend(model) if device_default else MODEL_RUNTIMES[family].backends[0]
+    backend = model_backend(model, backend)
+    _check_available(backend)
+    rt = MODEL_RUNTIMES[family]
+    spec = BackendSpec(backend, precision=precision or (rt.trt_precision if backend == "trt" else "fp32"),
+                       max_batch=rt.trt_batch_max, threads=rt.ort_threads)
+    _check_precision(spec)
+    return spec
+
+
+def device_backend(model: str) -> str:
+    """The fastest backend of ``model`` this machine runs: trt, else jax on a GPU (for models with a JAX
+    backend), else ort."""
+    from engines import trt
+    from engines.optional import available
+
+    backends = MODEL_BACKENDS[model_family(model)]
+    if trt.unavailable_reason() is None:
+        return "trt"
+    if "jax" in backends and available("jax"):
+        import jax
+
+        if jax.default_backend() == "gpu":
+            return "jax"
+    return "ort"
+
+
+def runtime_reason(asked: str | None, spec: BackendSpec, device_default: bool) -> str:
+    """Why this runtime: what eval.orin prints beside it."""
+    if asked:
+        return "chosen on the command line"
+    if not device_default:
+        return "the model's default"
+    if spec.backend == "trt":
+        return "TensorRT and an NVIDIA GPU are available"
+    from engines import trt
+
+    why = trt.unavailable_reason()
+    return f"TensorRT unavailable ({why}): " + ("JAX (XLA) on the GPU" if spec.backend == "jax" else "ONNX Runtime")
+
+
 def model_runner(model: str, spec: BackendSpec, *, weights: str | Path | None = None, engine=None):
     """The activated runner of ``model`` on ``spec``'s backend: bc-state from its ``weights`` file, Octo from
-    its ``engine``. BackendUnavailable (one line) where the backend cannot run here, checked before any
-    export or engine build."""
+    its ``engine``. ``spec`` is a runtime :func:`resolve_runtime` resolved (backend, availability and precision
+    checked there, once)."""
     family = model_family(model)
-    model_backend(model, spec.backend)
-    _check_available(spec.backend)
-    _check_precision(spec)
     if family == "bc-state":
         from engines.bc_mlp import load, numpy_forward, onnx_for_weights
         from engines.onnx_utils import sha256_file

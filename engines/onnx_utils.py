@@ -44,3 +44,14 @@ def set_metadata(path: str | Path, **props: str) -> None:
 def metadata(path: str | Path) -> dict[str, str]:
     model = check_onnx_file(path)
     return {p.key: p.value for p in model.metadata_props}
+
+
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
+def has_qdq(path_or_model) -> bool:
+    """Whether a graph holds QuantizeLinear/DequantizeLinear nodes (an explicitly quantized graph)."""
+    onnx = require("onnx", "export")
+    m = path_or_model if not isinstance(path_or_model, (str, Path)) else onnx.load(str(path_or_model),
+                                                                                   load_external_data=False)
+    return any(n.op_type in QDQ_OPS for n in m.graph.node)

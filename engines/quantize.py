@@ -39,12 +39,12 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from engines.onnx_utils import has_qdq  # noqa: F401 - what an INT8 graph is, named here too
 from engines.optional import require
 
 INT8_PASS = "qdq-s8s8-symmetric-minmax/2"  # bump when the pass changes: older INT8 graphs are rebuilt
 DEFAULT_OPS = ("Gemm", "MatMul", "Conv")
 ORT_PRECISIONS = ("fp32", "int8", "bf16")  # what --precision may ask of the ort backend (bf16: refused here)
-QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 
 
 def arrays_sha256(arrays: Mapping[str, np.ndarray]) -> str:
@@ -70,14 +70,6 @@ class Calibration:
     sha256: str
     feeds: Callable[[], Iterable[Mapping[str, np.ndarray]]] = field(compare=False, repr=False)
     samples: int = 0
-
-
-def has_qdq(path_or_model) -> bool:
-    """Whether a graph holds QuantizeLinear/DequantizeLinear nodes (an explicitly quantized graph)."""
-    onnx = require("onnx", "export")
-    m = path_or_model if not isinstance(path_or_model, (str, Path)) else onnx.load(str(path_or_model),
-                                                                                   load_external_data=False)
-    return any(n.op_type in QDQ_OPS for n in m.graph.node)
 
 
 def input_specs(onnx_path: str | Path) -> dict[str, tuple[tuple, np.dtype]]:

@@ -363,7 +363,7 @@ class TensorRtRunner(Runner):
     per set of input shapes and bound addresses and replays it (fewer
     launches); a device feed at a new address gets its own capture, so a
     replay never reads a stale pointer. ``counter`` (a
-    :class:`jetson.zero_copy.CopyCounter`) counts the bytes of host feeds
+    :class:`engines.zero_copy.CopyCounter`) counts the bytes of host feeds
     copied to the device (device feeds count 0; outputs, which always come
     back, are not counted). ``expected_key`` (an
     :class:`engines.trt.EngineKey`) refuses an engine built for another system

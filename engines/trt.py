@@ -431,7 +431,7 @@ def build_engine(onnx_path: str | Path, out_dir: str | Path, name: str, precisio
     typed = strongly_typed(trt)
     what = f"{onnx_path.name} ({precision}, TensorRT {trt.__version__})"
     if typed and precision in ("int8", "fp8"):
-        from engines.quantize import has_qdq
+        from engines.onnx_utils import has_qdq
 
         if precision == "fp8" or not has_qdq(onnx_path):
             raise TensorRTUnavailable(f"TensorRT {trt.__version__} builds {precision} only from a graph with Q/DQ "

@@ -35,6 +35,8 @@ from typing import Mapping
 
 import numpy as np
 
+from env.setups import ACTION_ROTATION_RAD, ACTION_TRANSLATION_M
+
 
 _IDENTITY = (0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0)
 
@@ -251,7 +253,8 @@ def _register_widowx() -> None:
         @property
         def _controller_configs(self):
             arm = PDEEPoseControllerConfig(
-                joint_names=self.arm_joint_names, pos_lower=-0.1, pos_upper=0.1, rot_lower=-0.1, rot_upper=0.1,
+                joint_names=self.arm_joint_names, pos_lower=-ACTION_TRANSLATION_M, pos_upper=ACTION_TRANSLATION_M,
+                rot_lower=-ACTION_ROTATION_RAD, rot_upper=ACTION_ROTATION_RAD,
                 stiffness=self.arm_stiffness, damping=self.arm_damping, force_limit=self.arm_force_limit,
                 ee_link=self.ee_link_name, urdf_path=self.urdf_path,
             )

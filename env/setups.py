@@ -14,6 +14,11 @@ from typing import Mapping
 
 CONTROL_FREQ = 20  # control steps per second: every ``_steps`` field and every try's time_s counts these
 CONTROL_DT_S = 1.0 / CONTROL_FREQ
+# the controller every arm is driven by (pd_ee_delta_pose, env.arms): an action's translation and rotation in
+# [-1, 1] per unit are this many metres and radians (ManiSkill's Panda configuration; the other arms set the same)
+ACTION_TRANSLATION_M = 0.1
+ACTION_ROTATION_RAD = 0.1
+HOLD_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0)  # the arm held still, gripper open (+1 open / -1 closed)
 
 GROUPS = (
     "Clearance",

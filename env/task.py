@@ -67,8 +67,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -92,6 +90,7 @@ from env.predicate import (DEEP_M, GLITCH_ENERGY_J, MATCH_MARGIN_M, PENETRATION_
                            SETTLED_MPS, STICKY_FLAGS, SUCCESS_HOLD_STEPS, SUCCESS_PREDICATE_VERSION,
                            TABLE_PENETRATION_M, VETO_FLAGS)
 from env.setups import CONTROL_FREQ, Setup, get_setup
+from env.setups import HOLD_ACTION as HOLD_ACTION_VALUES
 from env.starts import DEFAULT_BLOCK_RGB, StartState, sample_start
 
 ENV_ID = "ShapeAssembly-v1"
@@ -122,7 +121,7 @@ NUDGE_RADIUS_M = 0.06  # F05 fires when the carried target's centre comes this c
 _FLOOR_Z = -0.9196429  # ManiSkill's table top is z = 0, the floor is below it
 _PARK_XY = (-1.2, 1.2)  # unused blocks wait on the floor out of every view
 
-HOLD_ACTION = torch.tensor([0, 0, 0, 0, 0, 0, 1.0])  # no motion, gripper open
+HOLD_ACTION = torch.tensor(HOLD_ACTION_VALUES)  # no motion, gripper open
 
 INSTRUCTION = "put the {shape} block into the {shape} hole"
 INSTRUCTION_FULL_BOARD = "put every block into its matching hole"

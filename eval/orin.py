@@ -19,10 +19,8 @@ latency would do to success (see eval.latency_replay).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 from eval import run as eval_run
 
@@ -34,57 +32,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def default_backend(model: str) -> tuple[str | None, str]:
-    """(backend, why) for a model: TensorRT where it can run; else JAX on the GPU for models with a JAX
-    backend where JAX has CUDA (an x86 GPU without TensorRT); else ONNX Runtime. None for models without one."""
-    from engines import trt
-    from engines.backends import MODEL_BACKENDS, model_family
-    from engines.optional import available
-    from eval.policies import get_model
-
-    spec = get_model(model)
-    if "backend" not in spec.options:
-        return None, f"{spec.name} has no runtime backend (runs in Python)"
-    reason = trt.unavailable_reason()
-    if reason is None:
-        return "trt", "TensorRT and an NVIDIA GPU are available"
-    if "jax" in MODEL_BACKENDS.get(model_family(model), ()) and available("jax"):
-        import jax
-
-        if jax.default_backend() == "gpu":
-            return "jax", f"TensorRT unavailable ({reason}): JAX (XLA) on the GPU"
-    return "ort", f"TensorRT unavailable ({reason}): ONNX Runtime"
-
-
 def _fail(msg: str, code: int = 2) -> int:
     print(f"error: {msg}", file=sys.stderr)
     return code
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    from eval.policies import UnknownModelError
-
-    try:
-        if args.telemetry_interval <= 0:
-            raise ValueError("--telemetry-interval must be positive")
-        backend, why = (args.backend, "chosen on the command line") if args.backend else default_backend(args.model)
-    except (UnknownModelError, ValueError) as e:
-        return _fail(str(e))
-    if backend and not args.backend:
-        argv += ["--backend", backend]
-    print(f"backend: {backend or 'python'} ({why})", file=sys.stderr)
-
+    args = build_parser().parse_args(argv)
+    if not args.telemetry_interval > 0:
+        return _fail("--telemetry-interval must be positive")
     from jetson.device import identify_device
     from jetson.telemetry import start_telemetry
 
-    device = identify_device()
-    print("; ".join(device.summary_lines()), file=sys.stderr)
+    device = None
     telemetry = None
 
-    def device_report(records: list[dict]) -> dict:
+    def device_report(request, records: list[dict]) -> dict:
         """The device, its telemetry over this session's window and the backend, for eval.run's report."""
         nonlocal telemetry
         t1 = time.monotonic()
@@ -96,20 +59,23 @@ def main(argv: list[str] | None = None) -> int:
             "device": _device_fields(device),
             "telemetry": {"available": telemetry.available, "source": telemetry.source, "reason": telemetry.reason,
                           "lines": telemetry.lines(), "detail": telemetry.to_dict()},
-            "profile": {"backend": backend or "python", "backend_reason": why, "window_s": round(t1 - t0, 3)},
+            "profile": {"backend": request.model.backend, "backend_reason": request.model.runtime_reason,
+                        "precision": request.model.precision, "window_s": round(t1 - t0, 3)},
         }
 
+    device = identify_device()
+    print("; ".join(device.summary_lines()), file=sys.stderr)
     with start_telemetry(interval_s=args.telemetry_interval) as tel:
         t0 = time.monotonic()
-        rc = eval_run.main(argv, parser=parser, report_extra=device_report)
-    if rc not in (0, eval_run.EXIT_HUNG) or telemetry is None:  # a run with hung tries still gets its device report
-        return rc
-    summary = json.loads((Path(args.out) / "summary.json").read_text())
-    lat = summary["secondary"]["latency_ms"] or {}
+        outcome = eval_run.run(args, device_default=True, report_extra=device_report)
+    # a run with hung tries still gets its device report
+    if outcome.rc not in (0, eval_run.EXIT_HUNG) or telemetry is None or outcome.summary is None:
+        return outcome.rc
+    lat = outcome.summary["secondary"]["latency_ms"] or {}
     if lat.get("p50") is not None:
         print(f"latency ms per query: mean {lat['mean']:.3g}, p50 {lat['p50']:.3g}, p90 {lat['p90']:.3g}, "
               f"p99 {lat['p99']:.3g} ({lat['count']} queries after warm-up); {telemetry.lines()[0]}")
-    return rc
+    return outcome.rc
 
 
 def _device_fields(device) -> dict:

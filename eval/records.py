@@ -22,6 +22,11 @@ from env.predicate import SUCCESS_PREDICATE_VERSION
 from env.setups import CONTROL_DT_S
 
 RECORD_VERSION = 2  # v2: success predicate v2, success_raw beside the scored success
+# the flag of a try that could not finish, by the stage it hung in (the watchdog), and a lost Ray actor's
+HANG_FLAGS = {"policy": "policy_hang", "sim": "sim_hang"}
+UNFINISHED_FLAGS = (*HANG_FLAGS.values(), "actor_died")
+# every flag a record can hold, in the order reports list them
+FLAG_NAMES = ("wrong_hole", "rim", "penetration", "glitch", "dropped", *UNFINISHED_FLAGS)
 
 
 @functools.lru_cache(maxsize=1)
@@ -75,6 +80,8 @@ class TryRecord:
     model: str | None = None
     track: str | None = None
     arm: str | None = None
+    precision: str | None = None  # of the model's runtime (None: runs in Python)
+    profile: str | None = None  # a served model's profile (eval.remote.profiles)
     policy_fields: dict[str, Any] = field(default_factory=dict)  # what the policy adds (Policy.record_fields)
 
     def to_json(self) -> dict[str, Any]:
@@ -104,7 +111,7 @@ class TryRecord:
             d.update(self.policy_fields)
         if self.num_envs > 1:
             d["num_envs"] = self.num_envs
-        for key in ("model", "track", "arm"):
+        for key in ("model", "track", "arm", "precision", "profile"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
         return d
@@ -117,7 +124,7 @@ class RecordsError(ValueError):
 def read_tries(path) -> list[dict]:
     """The records of a ``tries.jsonl`` (or ``batches.jsonl``): one JSON object per line, blank lines skipped.
 
-    Every record is written with its newline in one write (``eval.runner.TryLog``), so only a last line
+    Every record is written with its newline in one write (``eval.run_folder.TryLog``), so only a last line
     without a newline can be torn by a kill: when it is not a whole JSON object it is ignored (and cut off
     when the run resumes). Any other line that is not a JSON object, the last one included when it ends in a
     newline, is a damaged record: :class:`RecordsError` names the file and the line.

@@ -66,7 +66,7 @@ class BatchError(ValueError):
 
 def gpu_sim_unavailable_reason() -> str | None:
     """Why GPU simulation cannot run here, or None."""
-    from jetson.zero_copy import cuda_unavailable_reason
+    from engines.zero_copy import cuda_unavailable_reason
 
     reason = cuda_unavailable_reason()
     return f"{reason} (SAPIEN's GPU PhysX needs an NVIDIA GPU)" if reason else None
@@ -397,32 +397,8 @@ def run_try(scenes: Scenes, policy: Policy, split: str, try_index: int, tasklist
     return records[0]
 
 
-def labelled(records: Sequence[TryRecord], model: str, track: str, arm: str) -> list[TryRecord]:
-    """The records with the run's model, track and arm."""
-    return [replace(r, model=model, track=track, arm=arm) for r in records]
-
-
-def batch_summary(batches: Sequence[dict]) -> dict[str, Any] | None:
-    """Latency at batch N and throughput over a run's batch records (None when the run had none)."""
-    if not batches:
-        return None
-    q = np.array([x for b in batches for x in b["query_ms"]], dtype=float)
-    sizes = np.array([x for b in batches for x in b["query_batch"]], dtype=float)
-    wall = sum(b["wall_s"] for b in batches)
-    tries = sum(len(b["tries"]) for b in batches)
-    scene_steps = sum(b["scene_steps"] for b in batches)
-    out = {
-        "num_envs": sorted({b["num_envs"] for b in batches}), "sim": sorted({b["sim"] for b in batches}),
-        "batched_queries": all(b["batched_queries"] for b in batches), "batches": len(batches), "tries": tries,
-        "wall_s": round(wall, 3), "tries_per_s": tries / wall if wall else None,
-        "scene_steps_per_s": scene_steps / wall if wall else None,
-        "host_device_bytes_per_step": float(np.mean([b["host_device_bytes_per_step"] for b in batches])),
-        "image_bytes_per_step": max(b["image_bytes_per_step"] for b in batches),
-        "query_ms": None,
-    }
-    if len(q):
-        out["query_ms"] = {"count": int(len(q)), "mean": float(q.mean()), "p50": float(np.percentile(q, 50)),
-                           "p90": float(np.percentile(q, 90)), "p99": float(np.percentile(q, 99)),
-                           "max": float(q.max()), "mean_batch": float(sizes.mean()),
-                           "ms_per_scene": float((q / sizes).mean())}
-    return out
+def labelled(records: Sequence[TryRecord], identity: dict[str, Any]) -> list[TryRecord]:
+    """The records with the run's identity (:meth:`eval.request.RunRequest.identity`: model, track, arm,
+    precision, profile; the backend is the one each policy ran on, as the rollout recorded it)."""
+    keep = {k: v for k, v in identity.items() if k in ("model", "track", "arm", "precision", "profile")}
+    return [replace(r, **keep) for r in records]

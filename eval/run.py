@@ -18,22 +18,23 @@ import sys
 import time
 from collections import Counter
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from env.arms import ARMS, UnknownArmError, get_arm
-from env.setups import UnknownSetupError, resolve_setups
+from env.arms import ARMS, UnknownArmError
+from env.setups import UnknownSetupError
 from env.starts import SPLITS
 from eval.executors import EXECUTORS
-from eval.policies import MODEL_OPTIONS, MODELS, UnknownModelError, get_model
+from eval.records import UNFINISHED_FLAGS
+from eval.request import MODEL_CONFIGS, RunRequest, UnknownModelError, add_model_arguments
 
 EXIT_HUNG = 3  # the run finished, but some tries were stopped by the watchdog or lost with their actor
-HUNG_FLAGS = ("policy_hang", "sim_hang", "actor_died")
 
 
 def build_parser(prog: str = "python -m eval.run", description: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description or __doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help=f"one of: {', '.join(MODELS)}; or package.module:PolicyClass")
+    p.add_argument("--model", required=True, help=f"one of: {', '.join(MODEL_CONFIGS)}; or package.module:PolicyClass")
     p.add_argument("--split", default="dev", help=f"one of: {', '.join(SPLITS)} (default dev)")
     p.add_argument("--setups", default="A01", help="ids, group letters (A..G), FB or all, comma-separated")
     p.add_argument("--tries", type=int, default=1, help="tries per setup: the first N of the split's task list")
@@ -57,43 +58,80 @@ def build_parser(prog: str = "python -m eval.run", description: str | None = Non
                    "instance, or $RAY_ADDRESS (ray only)")
     x.add_argument("--gpus-per-actor", type=float, default=0.0, metavar="G",
                    help="GPUs each Ray actor declares, e.g. 1 or 0.5, for GPU policies (ray only; default 0)")
-    m = p.add_argument_group("model options (only for models that take them)")
-    m.add_argument("--checkpoint", help="checkpoint directory in the model's released layout")
-    m.add_argument("--random-weights", action="store_true", help="the exact architecture with seeded random "
-                   "weights: latency only, success meaningless")
-    m.add_argument("--exec-horizon", type=int, help="actions executed per query from a predicted chunk")
-    m.add_argument("--temporal-ensembling", action="store_true", help="average overlapping action chunks")
-    m.add_argument("--goal-image", metavar="FILE|solved", help="Octo: condition on a goal image as well as the "
-                   "instruction: a PNG/JPEG file, or 'solved' (each try's start rendered with its blocks in their "
-                   "holes); default: language only")
-    from engines.backends import MODEL_BACKENDS
-
-    m.add_argument("--backend", help="runtime backend of the model (" + "; ".join(
-        f"{family}: {', '.join(b)}, default {b[0]}" for family, b in MODEL_BACKENDS.items()) + ")")
-    m.add_argument("--precision", help="numeric precision of the model's graphs: ort fp32 (default) or int8 (the "
-                   "Q/DQ graph make engines builds; bf16 is refused: ONNX Runtime's CPU has no bf16 kernels); trt "
-                   "fp32, fp16, int8, fp8 (default: the model's own); jax and torch fp32")
-    m.add_argument("--replay-latency", metavar="FILE", help="delay every action by a latency drawn from a measured "
-                   "profile (a tries.jsonl with infer_ms): what a device's latency does to success")
-    r = p.add_argument_group("remote model (--model remote; see eval.remote)")
-    r.add_argument("--server", metavar="URL", help="the model server, ws://HOST:PORT")
-    r.add_argument("--protocol", help="openpi or vla-eval (default openpi)")
-    r.add_argument("--profile", help="how observations and actions map to the model: octo-small, octo-base, "
-                   "bc-state (servers of this project: python -m eval.serve), openvla-7b, openvla-oft, pi0-libero")
-    r.add_argument("--token", help="the token the server was started with ($SAB_REMOTE_TOKEN is read when this is "
-                   "not given); never written: run.json says only where it came from")
-    r.add_argument("--live-latency", action="store_true", help="apply each action at the first control step after "
-                   "its own measured round trip (the arm holds until then), as --replay-latency does with a profile")
+    add_model_arguments(p)
+    p.add_argument("--replay-latency", metavar="FILE", help="any model: delay every action by a latency drawn from "
+                   "a measured profile (a tries.jsonl with infer_ms): what a device's latency does to success")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--fresh", action="store_true", help="discard what OUT holds and start over")
     return p
 
 
+@dataclass(frozen=True)
+class ExecutorSettings:
+    """Where the tries run (not part of what they are: two runs of a request on different executors give the
+    same records)."""
+
+    kind: str = "local"
+    workers: int = 1
+    address: str | None = None
+    gpus_per_actor: float = 0.0
+    step_timeout_s: float | None = None
+    video: int = 0
+
+    def __post_init__(self):
+        if self.workers < 1:
+            raise ValueError(f"--workers must be at least 1, got {self.workers}")
+        if self.step_timeout_s is not None and not 0 < self.step_timeout_s < float("inf"):
+            raise ValueError(f"--step-timeout must be a positive, finite number of seconds (the watchdog cannot be "
+                             f"turned off), got {self.step_timeout_s:g}")
+        if self.video < 0:
+            raise ValueError(f"--video must be 0 or more, got {self.video}")
+        if self.kind != "ray" and (self.address or self.gpus_per_actor):
+            raise ValueError("--address and --gpus-per-actor need --executor ray")
+        if self.gpus_per_actor < 0:
+            raise ValueError(f"--gpus-per-actor must be 0 or more, got {self.gpus_per_actor:g}")
 
 
-def model_options(args: argparse.Namespace) -> dict:
-    """The model options given on the command line (unset ones left out)."""
-    return {k: getattr(args, k) for k in MODEL_OPTIONS if getattr(args, k) is not None and getattr(args, k) is not False}
+def request_from_args(args: argparse.Namespace, device_default: bool = False) -> tuple[RunRequest, ExecutorSettings]:
+    """The run's request, resolved once (the model, its runtime, the setups, the scenes), and where it runs;
+    one-line errors (ValueError and its kinds, FileNotFoundError, ImportError) for anything that cannot run,
+    before any scene is built or any run folder is written."""
+    from env.arms import check_assets, get_arm
+    from env.setups import get_setup, resolve_setups
+    from eval.request import ResolvedModel, model_config, options_from_args
+    from eval.rollout import check_batch_request, gpu_sim_unavailable_reason
+
+    config = model_config(args.model, **options_from_args(args))  # options the model takes, their values
+    setups = tuple(get_setup(s) for s in resolve_setups(args.setups))
+    arm = get_arm(args.arm)
+    if args.split not in SPLITS:
+        raise ValueError(f"unknown split {args.split!r}; valid: {', '.join(SPLITS)}")
+    if args.tries < 1:
+        raise ValueError(f"--tries must be at least 1, got {args.tries}")
+    settings = ExecutorSettings(args.executor, args.workers, args.address, args.gpus_per_actor, args.step_timeout,
+                                args.video)
+    sim = args.sim
+    if sim is None:  # camera policies: CPU scenes unless asked (the GPU camera path has not met a GPU)
+        sim = ("gpu" if args.num_envs > 1 and config.observes == "state" and gpu_sim_unavailable_reason() is None
+               else "cpu")
+    check_batch_request(args.num_envs, sim, config.observes, setups)
+    if args.num_envs > 1 and args.video:
+        raise ValueError("--video records one scene per worker: use --num-envs 1")
+    if args.executor == "ray":
+        from eval.executors.ray_actors import require_ray
+
+        require_ray()  # before any work: one line naming the extra when ray is missing
+    check_assets(arm)
+    replay = None
+    if args.replay_latency:
+        from eval.latency_replay import load_profile
+
+        load_profile(args.replay_latency)  # a bad profile fails here in one line, not in every worker
+        replay = str(Path(args.replay_latency).resolve())
+    model = ResolvedModel.of(config, device_default=device_default)  # the runtime, then weights or server
+    request = RunRequest(model=model, setups=setups, split=args.split, tries=args.tries, arm=arm.name, sim=sim,
+                         num_envs=args.num_envs, replay_latency=replay)
+    return request, settings
 
 
 def _chunks(items: list, n: int) -> list[tuple]:
@@ -121,167 +159,114 @@ def _signals_held():
             signal.signal(s, handler)
 
 
-def _credentials(spec, options: dict) -> tuple[tuple[str, str], ...]:
-    """Where the run's token came from (run.json says that, never the token)."""
-    if "token" not in spec.options:
-        return ()
-    from eval.remote.client import TOKEN_ENV
-
-    if options.get("token"):
-        return (("token", "--token"),)
-    import os
-
-    return (("token", f"${TOKEN_ENV}"),) if os.environ.get(TOKEN_ENV) else ()
-
-
 def _fail(msg: str, code: int = 2) -> int:
     print(f"error: {msg}", file=sys.stderr)
     return code
 
 
-def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None,
-         report_extra: Callable[[list[dict]], dict] | None = None) -> int:
-    """``report_extra(records)``, called once the tries have run, gives more fields for the report (eval.orin:
-    the device and its telemetry), so that the report and summary.json are written once."""
+@dataclass
+class RunOutcome:
+    """What a run ended with: its exit status and, when it got that far, its summary (summary.json's)."""
+
+    rc: int
+    summary: dict | None = None
+    request: RunRequest | None = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv)).rc
+
+
+def run(args: argparse.Namespace, device_default: bool = False,
+        report_extra: Callable[[RunRequest, list[dict]], dict] | None = None) -> RunOutcome:
+    """The run of parsed command-line ``args`` (eval.run's or eval.orin's). ``device_default``: the model's
+    backend, when not given, is the fastest this machine runs (eval.orin). ``report_extra(request, records)``,
+    called once the tries have run, gives more fields for the report (eval.orin: the device and its
+    telemetry), so that the report and summary.json are written once."""
     try:
-        return _main(argv, parser, report_extra)
+        return _run(args, device_default, report_extra)
     except KeyboardInterrupt:  # Ctrl-C outside the tries (checks, start-up, the report): one line too
-        return _fail(*INTERRUPTED)
+        return RunOutcome(_fail(*INTERRUPTED))
 
 
-def _main(argv, parser, report_extra) -> int:
-    args = (parser or build_parser()).parse_args(argv)
+def _run(args, device_default, report_extra) -> RunOutcome:
     try:
-        spec = get_model(args.model)
-        if spec.name == "remote":  # what a served model observes, and its track, are its profile's
-            from dataclasses import replace
-
-            from eval.remote.profiles import get_profile
-
-            profile = get_profile(args.profile or "")
-            spec = replace(spec, track=profile.track, observes=profile.observes)
-        setups = resolve_setups(args.setups)
-        arm = get_arm(args.arm)
-        if args.split not in SPLITS:
-            raise ValueError(f"unknown split {args.split!r}; valid: {', '.join(SPLITS)}")
-        for name in ("tries", "workers"):
-            if getattr(args, name) < 1:
-                raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
-        if args.step_timeout is not None and not 0 < args.step_timeout < float("inf"):
-            raise ValueError(f"--step-timeout must be a positive, finite number of seconds (the watchdog cannot be "
-                             f"turned off), got {args.step_timeout:g}")
-        if args.video < 0:
-            raise ValueError(f"--video must be 0 or more, got {args.video}")
-        if args.executor != "ray" and (args.address or args.gpus_per_actor):
-            raise ValueError("--address and --gpus-per-actor need --executor ray")
-        if args.gpus_per_actor < 0:
-            raise ValueError(f"--gpus-per-actor must be 0 or more, got {args.gpus_per_actor:g}")
-        from eval.rollout import check_batch_request, gpu_sim_unavailable_reason
-
-        if args.sim is None:  # camera policies: CPU scenes unless asked (the GPU camera path has not met a GPU)
-            args.sim = ("gpu" if args.num_envs > 1 and spec.observes == "state" and gpu_sim_unavailable_reason() is None
-                        else "cpu")
-        check_batch_request(args.num_envs, args.sim, spec.observes, setups)
-        if args.num_envs > 1 and args.video:
-            raise ValueError("--video records one scene per worker: use --num-envs 1")
-        if args.executor == "ray":
-            from eval.executors.ray_actors import require_ray
-
-            require_ray()  # before any work: one line naming the extra when ray is missing
-        from env.arms import check_assets
-
-        check_assets(arm)
-        options = model_options(args)
-        if args.replay_latency:
-            from eval.latency_replay import load_profile
-
-            load_profile(args.replay_latency)  # a bad profile fails here in one line, not in every worker
-            options["replay_latency"] = str(Path(args.replay_latency).resolve())
-        if options.get("goal_image") not in (None, "solved"):  # workers (and Ray actors) read it by absolute path
-            options["goal_image"] = str(Path(options["goal_image"]).expanduser().resolve())
-        extra = sorted(set(options) - set(spec.options))
-        if extra:
-            raise ValueError(f"{spec.name} takes no {', '.join('--' + o.replace('_', '-') for o in extra)}")
-        if spec.check is not None:
-            spec.check(**options)  # weights that cannot load: one line, before any scene or run folder
+        request, settings = request_from_args(args, device_default)
     except (UnknownModelError, UnknownSetupError, UnknownArmError, ValueError, FileNotFoundError, ImportError) as e:
-        return _fail(str(e))  # BatchError is a ValueError
+        return RunOutcome(_fail(str(e)))  # BatchError is a ValueError
     except Exception as e:  # noqa: BLE001 - missing assets and the like: one line
-        return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return RunOutcome(_fail(str(e).splitlines()[0] if str(e) else type(e).__name__))
+    if device_default:
+        print(f"backend: {request.model.backend} ({request.model.runtime_reason})", file=sys.stderr)
 
     from env.tasklist import TaskListError, load
 
     try:
-        tasklist = load(args.split)
-        for sid in setups:
-            if args.tries > tasklist.tries(sid):
-                raise ValueError(f"the {args.split} task list has {tasklist.tries(sid)} tries of {sid}; "
-                                 f"--tries {args.tries} asks for more")
+        tasklist = load(request.split)
+        for s in request.setups:
+            if request.tries > tasklist.tries(s.id):
+                raise ValueError(f"the {request.split} task list has {tasklist.tries(s.id)} tries of {s.id}; "
+                                 f"--tries {request.tries} asks for more")
     except (TaskListError, ValueError) as e:
-        return _fail(str(e))
+        return RunOutcome(_fail(str(e)))
 
-    from eval.runner import RunConfig, RunMismatchError, prepare_out
+    from eval.run_folder import RunConfig, RunMismatchError, prepare_out
 
     try:
-        weights = spec.weights_sha256(**options) if spec.weights_sha256 else None
+        cfg = RunConfig.of(request, args.out, tasklist.sha256)
     except OSError as e:  # a --checkpoint that cannot be read: one line, before any worker starts
-        return _fail(f"cannot read the weights: {e}")
-    cfg = RunConfig(model=spec.name, split=args.split, setups=tuple(setups), tries=args.tries, out=args.out,
-                    arm=arm.name, tasklist_sha256=tasklist.sha256, options=tuple(sorted(options.items())),
-                    sim=args.sim, weights_sha256=weights, credentials=_credentials(spec, options))
+        return RunOutcome(_fail(f"cannot read the weights: {e}"))
     try:
         out, done, lock = prepare_out(cfg, fresh=args.fresh)
     except RunMismatchError as e:
-        return _fail(str(e))
+        return RunOutcome(_fail(str(e)))
     try:
-        return _execute(args, spec, arm, setups, options, tasklist, cfg, out, done, report_extra)
+        return _execute(request, settings, tasklist, cfg, out, done, report_extra)
     finally:
         lock.release()
 
 
-def _execute(args, spec, arm, setups, options, tasklist, cfg, out, done, report_extra=None) -> int:
+def _execute(request: RunRequest, settings: ExecutorSettings, tasklist, cfg, out: Path, done,
+             report_extra=None) -> RunOutcome:
     """The tries still to run, then the report; the caller holds the folder's writer lock."""
     from tqdm import tqdm
 
-    from dataclasses import replace
-
-    from env.setups import get_setup
-    from eval.runner import TryLog, hang_record, planned_tries, read_records
     from eval.executors import STEP_TIMEOUT_S, Job, WorkerError, make_executor
+    from eval.run_folder import TryLog, hang_record, planned_tries, read_records
 
+    name, identity = request.model.name, request.identity()
+    random_weights = bool(request.model.config.options().get("random_weights"))
     plan = planned_tries(cfg)
-    setup_of = {s: get_setup(s) for s in setups}  # resolved once: jobs carry the Setup itself
-    todo = [Job(setup_of[s], t, video=t < args.video) for s, t in plan if (s, t) not in done]
+    setup_of = {s.id: s for s in request.setups}  # resolved once: jobs carry the Setup itself
+    todo = [Job(setup_of[s], t, video=t < settings.video) for s, t in plan if (s, t) not in done]
     n_todo = len(todo)
-    if args.num_envs > 1:  # batches of up to N tries of one setup
-        todo = [Job(setup_of[s], ts[0], batch=ts) for s in setups
-                for ts in _chunks([j.try_index for j in todo if j.setup.id == s], args.num_envs)]
-    if args.video:
+    if request.num_envs > 1:  # batches of up to N tries of one setup
+        todo = [Job(s, ts[0], batch=ts) for s in request.setups
+                for ts in _chunks([j.try_index for j in todo if j.setup.id == s.id], request.num_envs)]
+    if settings.video:
         (out / "videos").mkdir(exist_ok=True)
     t0 = time.monotonic()
     if todo:
         def failed(job, flag):  # a try that could not finish: policy_hang, sim_hang, or actor_died (ray)
-            return replace(hang_record(cfg, tasklist, job.setup, job.try_index, flag=flag), model=spec.name,
-                           track=spec.track, arm=arm.name)
+            return replace(hang_record(cfg, tasklist, job.setup, job.try_index, flag=flag), **identity)
 
-        n_workers = min(args.workers, len(todo))
-        if args.num_envs > 1:
-            print(f"{args.num_envs} scenes per worker on {args.sim.upper()} physics"
-                  + (" (stepped one after another: no GPU speed-up)" if args.sim == "cpu" else ""), file=sys.stderr)
-        step_timeout = args.step_timeout if args.step_timeout is not None else STEP_TIMEOUT_S
+        n_workers = min(settings.workers, len(todo))
+        if request.num_envs > 1:
+            print(f"{request.num_envs} scenes per worker on {request.sim.upper()} physics"
+                  + (" (stepped one after another: no GPU speed-up)" if request.sim == "cpu" else ""), file=sys.stderr)
+        step_timeout = settings.step_timeout_s if settings.step_timeout_s is not None else STEP_TIMEOUT_S
         try:
-            pool = make_executor(args.executor, n_workers, spec.name, args.split, arm.name, str(out / "videos"),
-                                 options, step_timeout_s=step_timeout, num_envs=args.num_envs, sim=args.sim,
-                                 address=args.address, gpus_per_actor=args.gpus_per_actor)
+            pool = make_executor(settings.kind, n_workers, request, str(out / "videos"), step_timeout_s=step_timeout,
+                                 address=settings.address, gpus_per_actor=settings.gpus_per_actor)
         except WorkerError as e:
-            return _fail(str(e))
+            return RunOutcome(_fail(str(e)), request=request)
         log = TryLog(out / "tries.jsonl")
-        batch_log = TryLog(out / "batches.jsonl") if args.num_envs > 1 else None
+        batch_log = TryLog(out / "batches.jsonl") if request.num_envs > 1 else None
         signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops like Ctrl-C: workers closed, tries kept
         successes = n_new = 0
-        if options.get("random_weights"):
-            print(f"{spec.name} with random weights: latency only, success meaningless", file=sys.stderr)
-        bar = tqdm(total=len(plan), initial=len(plan) - n_todo, unit="try", desc=spec.name, smoothing=0.05)
+        if random_weights:
+            print(f"{name} with random weights: latency only, success meaningless", file=sys.stderr)
+        bar = tqdm(total=len(plan), initial=len(plan) - n_todo, unit="try", desc=name, smoothing=0.05)
         failure = None
         try:
             for job, result in pool.run(todo, failed):
@@ -310,31 +295,32 @@ def _execute(args, spec, arm, setups, options, tasklist, cfg, out, done, report_
         if caught and failure is None:
             failure = INTERRUPTED
         if failure is not None:
-            return _fail(*failure)
+            return RunOutcome(_fail(*failure), request=request)
     from eval.report import ReportError, write_report
 
     try:
         records = read_records(out / "tries.jsonl")
-        run = {"planned": len(plan), "wall_s_this_session": round(time.monotonic() - t0, 1),
-               "workers": args.workers, "executor": args.executor, "num_envs": args.num_envs, "sim": args.sim}
-        extra = {**(report_extra(records) if report_extra else {}), "run": run}
+        meta = {"planned": len(plan), "wall_s_this_session": round(time.monotonic() - t0, 1),
+                "workers": settings.workers, "executor": settings.kind, "num_envs": request.num_envs,
+                "sim": request.sim}
+        extra = {**(report_extra(request, records) if report_extra else {}), "run": meta}
         summary = write_report([out / "tries.jsonl"], out, extra=extra)  # summary.json written once, with these
     except ReportError as e:
-        return _fail(str(e), 1)
-    scored = [s for s in setups if not s.startswith("FB")]
+        return RunOutcome(_fail(str(e), 1), request=request)
+    scored = [s for s in request.setups if not s.id.startswith("FB")]
     n = sum(v["n"] for v in summary["setups"].values()) + sum(v["n"] for v in summary.get("full_board", {}).values())
     k = sum(v["k"] for v in summary["setups"].values()) + sum(v["k"] for v in summary.get("full_board", {}).values())
     s_txt = f"S {100 * summary['S']:.1f}%" if summary.get("S") is not None else "S n/a (not all 30 setups)"
-    hung = Counter(f for r in records for f in r.get("flags", ()) if f in HUNG_FLAGS)
+    hung = Counter(f for r in records for f in r.get("flags", ()) if f in UNFINISHED_FLAGS)
     hung_txt = ""
     if hung:
         hung_txt = (f"; {sum(hung.values())} tries did not finish ("
-                    + ", ".join(f"{flag} {hung[flag]}" for flag in HUNG_FLAGS if hung[flag])
+                    + ", ".join(f"{flag} {hung[flag]}" for flag in UNFINISHED_FLAGS if hung[flag])
                     + "): a hung policy or simulator, see the flags in REPORT.md")
-    random_txt = " (random weights: latency only, success meaningless)" if options.get("random_weights") else ""
-    print(f"{spec.name}{random_txt} on {args.split} ({len(scored)} scored setups): {k}/{n} successes, {s_txt}; "
+    random_txt = " (random weights: latency only, success meaningless)" if random_weights else ""
+    print(f"{name}{random_txt} on {request.split} ({len(scored)} scored setups): {k}/{n} successes, {s_txt}; "
           f"report in {out / 'REPORT.md'}{hung_txt}")
-    return EXIT_HUNG if hung else 0
+    return RunOutcome(EXIT_HUNG if hung else 0, summary, request)
 
 
 if __name__ == "__main__":

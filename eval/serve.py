@@ -3,7 +3,7 @@
     python -m eval.serve --model octo-small --backend jax --protocol openpi --port 8000
     python -m eval.serve --model bc-state --backend ort --protocol vla-eval --port 8001 --token SECRET
 
-The server builds the in-process policy (:func:`eval.policies.octo_policy`, :func:`eval.policies.bc_state_policy`,
+The server builds the in-process policy (the model resolved as a run resolves it, :func:`eval.request.resolve_model`,
 its runner from the one backend factory) and keeps one copy per scene of each connection (spawned: the engine
 is shared), so each scene's history window, chunk queue and noise key per try live here, exactly as in an
 in-process run: a client that sends the same observations with the same seeds gets the same actions. Requests:
@@ -39,7 +39,13 @@ import numpy as np
 
 from eval.remote import wire
 
-SERVABLE = ("octo-small", "octo-base", "bc-state")
+
+
+def servable() -> list[str]:
+    """The models with a runtime of their own (a policy that reads the simulator, scripted, cannot be served)."""
+    from eval.request import MODEL_CONFIGS
+
+    return [name for name, cls in MODEL_CONFIGS.items() if cls.family is not None]
 
 
 class ServedModel:
@@ -224,40 +230,32 @@ class Server:
         self.thread.join(timeout=5)
 
 
-def build_policy(model: str, backend: str | None = None, checkpoint: str | None = None, random_weights: bool = False,
-                 exec_horizon: int | None = None):
-    if model not in SERVABLE:
-        raise ValueError(f"cannot serve {model!r}" + (" (it reads the simulator)" if model == "scripted" else "")
-                         + f"; servable: {', '.join(SERVABLE)}")
-    from eval.policies import bc_state_policy, octo_policy
-
-    if model == "bc-state":
-        return bc_state_policy(checkpoint, backend)
-    return octo_policy(model, backend=backend, checkpoint=checkpoint, random_weights=random_weights,
-                       exec_horizon=exec_horizon)
-
-
 def build_parser() -> argparse.ArgumentParser:
+    from eval.request import add_model_arguments
+
     p = argparse.ArgumentParser(prog="python -m eval.serve", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help=f"one of: {', '.join(SERVABLE)}")
-    p.add_argument("--backend", help="jax | ort | trt (default: the model's in-process default)")
+    p.add_argument("--model", required=True, help=f"one of: {', '.join(servable())}")
     p.add_argument("--protocol", default="openpi", help=f"one of: {', '.join(wire.PROTOCOLS)} (default openpi)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (0: any free port, printed)")
     p.add_argument("--token", help="refuse clients that do not present this token (default: $SAB_REMOTE_TOKEN)")
-    p.add_argument("--checkpoint", help="weights (bc-state: a file; Octo: a checkpoint folder)")
-    p.add_argument("--random-weights", action="store_true", help="Octo with seeded random weights (latency only)")
-    p.add_argument("--exec-horizon", type=int, help="Octo: actions executed per query from a predicted chunk")
+    add_model_arguments(p, models=servable(), title="model options (as eval.run takes them)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        from eval.request import options_from_args, resolve_model
+
         wire.check_protocol(args.protocol)
         if not 0 <= args.port <= 65535:
             raise ValueError(f"--port must be 0..65535, got {args.port}")
-        policy = build_policy(args.model, args.backend, args.checkpoint, args.random_weights, args.exec_horizon)
+        if args.model not in servable():
+            raise ValueError(f"cannot serve {args.model!r}" + (" (it reads the simulator)" if args.model == "scripted"
+                                                               else "") + f"; servable: {', '.join(servable())}")
+        model = resolve_model(args.model, options_from_args(args, servable()))
+        policy = model.policy()
         served = ServedModel(policy, args.model)
         from eval.remote.client import resolve_token
 

@@ -350,10 +350,14 @@ def _is_dropped(rec: Mapping) -> bool:
     return "dropped" in flags or rec.get("dropped") is True
 
 
-def _finite_or_none(x: float | None) -> float | None:
+def finite(x: Any) -> float | None:
+    """``x`` as a float when it is a finite number, else None (what JSON and the pages show as n/a)."""
     if x is None:
         return None
-    x = float(x)
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
     return x if math.isfinite(x) else None
 
 
@@ -421,7 +425,7 @@ def secondary(records: Iterable[Mapping]) -> dict:
             p50, p90, p99 = np.percentile(q, (50, 90, 99))
             latency = {"mean": float(q.mean()), "p50": float(p50), "p90": float(p90),
                        "p99": float(p99), "max": float(q.max()), "count": int(q.size)}
-        latency = {k: (_finite_or_none(v) if k != "count" else v) for k, v in latency.items()}
+        latency = {k: (finite(v) if k != "count" else v) for k, v in latency.items()}
     else:
         latency = None
 
@@ -455,10 +459,11 @@ def secondary(records: Iterable[Mapping]) -> dict:
 # --------------------------------------------------------------------------
 # Serialisation
 # --------------------------------------------------------------------------
-def _ci_list(ci: Interval | None) -> list[float | None] | None:
+def ci_list(ci: Interval | None) -> list[float | None] | None:
+    """An interval as JSON's [low, high] (None where a bound is not finite)."""
     if ci is None:
         return None
-    return [_finite_or_none(ci.low), _finite_or_none(ci.high)]
+    return [finite(ci.low), finite(ci.high)]
 
 
 def score_to_dict(score: Score) -> dict:
@@ -466,15 +471,15 @@ def score_to_dict(score: Score) -> dict:
     intervals are ``[low, high]`` lists; n/a is ``None``."""
     return {
         "complete": score.complete,
-        "S": _finite_or_none(score.S),
-        "S_ci": _ci_list(score.S_ci),
-        "M": _finite_or_none(score.M),
-        "M_ci": _ci_list(score.M_ci),
-        "groups": {g: {"rate": _finite_or_none(v), "ci": _ci_list(ci)}
+        "S": finite(score.S),
+        "S_ci": ci_list(score.S_ci),
+        "M": finite(score.M),
+        "M_ci": ci_list(score.M_ci),
+        "groups": {g: {"rate": finite(v), "ci": ci_list(ci)}
                    for g, (v, ci) in score.groups.items()},
-        "difficulty": {d: {"rate": _finite_or_none(v), "ci": _ci_list(ci)}
+        "difficulty": {d: {"rate": finite(v), "ci": ci_list(ci)}
                        for d, (v, ci) in score.difficulty.items()},
-        "setups": {c: {"k": r.k, "n": r.n, "rate": r.rate, "ci": _ci_list(r.ci)}
+        "setups": {c: {"k": r.k, "n": r.n, "rate": r.rate, "ci": ci_list(r.ci)}
                    for c, r in score.setups.items()},
         "missing": list(score.missing),
     }

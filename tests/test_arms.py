@@ -11,6 +11,8 @@ import torch
 from env import arms
 from env.arms import ARMS, MissingAssetsError, UnknownArmError, check_assets, get_arm
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 ARM_NAMES = ("panda", "xarm6_robotiq", "widowx250s")
 DOWNLOADED = [a.name for a in ARMS.values() if a.urdf_file is not None]
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 ROOT = Path(__file__).resolve().parents[1]
 ONE_TRY = ("--model", "scripted", "--split", "dev", "--setups", "A01", "--tries", "1")
 

@@ -15,6 +15,8 @@ from eval.policies.base import query_members
 from eval.rollout import BatchError, check_batch_request, gpu_sim_unavailable_reason
 from tests.conftest import REPO_ROOT
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 
 def test_batched_loop_on_cpu_matches_one_scene_at_a_time():
     from benchmarks.gpu_physics_check import compare_setup
@@ -27,7 +29,7 @@ def test_batched_loop_on_cpu_matches_one_scene_at_a_time():
 
 def test_bc_state_batch_query_equals_single_queries():
     from env import make_env
-    from eval.policies import bc_state_policy
+    from eval.request import make_policy
 
     env = make_env("A01", obs_mode="state")
     try:
@@ -35,13 +37,13 @@ def test_bc_state_batch_query_equals_single_queries():
         state = {k: v[0] for k, v in env.unwrapped.task_state().items()}
     finally:
         env.close()
-    lead = bc_state_policy()
+    lead = make_policy("bc-state")
     members = [lead, lead.spawn(), lead.spawn()]
     assert all(m.runner is lead.runner for m in members)  # one engine for the batch
     # give the members different histories, so that their rows differ
     for i, m in enumerate(members):
         m.history.update(np.array([0, 0, 0.1 * i, 0, 0, 0, -1 if i else 1], np.float32))
-    singles = [bc_state_policy() for _ in members]
+    singles = [make_policy("bc-state") for _ in members]
     for s, m in zip(singles, members):
         s.history.last, s.history.hold = m.history.last.copy(), m.history.hold
     obs = {"state": state, "instruction": "x"}
@@ -113,6 +115,7 @@ def test_run_cli_batched_resumes_and_reports(tmp_path):
     assert len(mixed.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(gpu_sim_unavailable_reason() is not None,
                     reason=f"GPU simulation unavailable: {gpu_sim_unavailable_reason()}")
 def test_gpu_scenes_run_a_batch():

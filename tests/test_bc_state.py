@@ -11,6 +11,8 @@ from engines.bc_mlp import BadCheckpointError, BCConfig
 from eval.training.state_features import SCENE_DIM, STATE_DIM, ActionHistory, policy_input, state_vector
 from eval.training.train_bc import train
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 
 def _state(block_yaw=0.3, shape_k=1, grip=0.2):
     def q_yaw(a):
@@ -116,11 +118,11 @@ def test_onnx_export_matches_torch_and_the_policy_backends_agree(trained, tmp_pa
     assert meta["opset"] == "17" and meta["exporter"].startswith("torch.onnx")
 
     monkeypatch.setenv("SAB_CACHE_DIR", str(tmp_path / "cache"))
-    from eval.policies import bc_state_policy
+    from eval.request import make_policy
 
     obs = {"state": _state()}
-    a_ort = bc_state_policy(path, backend="ort").query(obs)
-    a_torch = bc_state_policy(path, backend="torch").query(obs)
+    a_ort = make_policy("bc-state", checkpoint=path, backend="ort").query(obs)
+    a_torch = make_policy("bc-state", checkpoint=path, backend="torch").query(obs)
     assert a_ort.shape == (7,)
     np.testing.assert_allclose(a_ort, a_torch, rtol=1e-4, atol=1e-5)
 
@@ -133,22 +135,23 @@ def _trt_reason():
 
 @pytest.mark.skipif(_trt_reason() is None, reason="TensorRT is available here")
 def test_trt_backend_without_tensorrt_is_one_line(trained, tmp_path, monkeypatch):
-    from eval.policies import bc_state_policy
+    from eval.request import make_policy
 
     monkeypatch.setenv("SAB_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(ValueError, match="needs TensorRT and an NVIDIA GPU") as e:
-        bc_state_policy(trained[0], backend="trt")
+        make_policy("bc-state", checkpoint=trained[0], backend="trt")
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(_trt_reason() is not None, reason=f"TensorRT unavailable: {_trt_reason()}")
 def test_trt_backend_matches_onnx_runtime(trained, tmp_path, monkeypatch):
     from eval.policies.base import query_members
-    from eval.policies import bc_state_policy
+    from eval.request import make_policy
 
     monkeypatch.setenv("SAB_CACHE_DIR", str(tmp_path / "cache"))
     obs = {"state": _state()}
-    ort, trt = bc_state_policy(trained[0], backend="ort"), bc_state_policy(trained[0], backend="trt")
+    ort, trt = make_policy("bc-state", checkpoint=trained[0], backend="ort"), make_policy("bc-state", checkpoint=trained[0], backend="trt")
     np.testing.assert_allclose(trt.query(obs), ort.query(obs), rtol=1e-4, atol=1e-5)
     batch_trt, _, _ = query_members([trt.spawn() for _ in range(5)], [obs] * 5)  # the dynamic batch profile
     batch_ort, _, _ = query_members([ort.spawn() for _ in range(5)], [obs] * 5)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.sim, pytest.mark.slow]  # runs the benchmarks (scenes, models) in quick mode
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -86,6 +86,7 @@ def test_script_installs_nothing_and_runs_under_timeout():
     assert "/.whl/" in gitignore or ".whl/" in gitignore
 
 
+@pytest.mark.slow
 def test_dry_run_writes_a_line_per_step_and_few_files(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("jax")

@@ -17,6 +17,8 @@ jax = pytest.importorskip("jax")
 
 from eval.rollout import gpu_sim_unavailable_reason  # noqa: E402
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 INSTRUCTION = "put the circle block into the circle hole"
 
 
@@ -53,7 +55,7 @@ def test_device_preprocessing_refuses_a_resize_in_one_line():
 
 
 def test_dlpack_hand_off_shares_memory_and_counts_only_real_copies():
-    from jetson.zero_copy import CopyCounter, to_jax
+    from engines.zero_copy import CopyCounter, to_jax
 
     counter = CopyCounter()
     t = torch.arange(2 * 8 * 8 * 3, dtype=torch.uint8).reshape(2, 8, 8, 3)
@@ -68,10 +70,10 @@ def test_dlpack_hand_off_shares_memory_and_counts_only_real_copies():
 
 def _policies(backend="jax"):
     from engines.octo.testing import tiny_engine
-    from eval.policies import octo_policy
+    from eval.request import make_policy
 
     engine = tiny_engine(seed=5)
-    return octo_policy(engine=engine, backend=backend), octo_policy(engine=engine, backend=backend)
+    return make_policy("octo-small", engine=engine, backend=backend), make_policy("octo-small", engine=engine, backend=backend)
 
 
 def test_torch_frames_give_the_actions_of_numpy_frames_with_no_copy():
@@ -115,31 +117,32 @@ def test_policies_receive_runners_from_the_one_factory():
         used |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
         used |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
         assert not used & builders, f"{module.__name__} builds a runner ({', '.join(sorted(used & builders))})"
-    from eval.policies import bc_state_policy
+    from eval.request import make_policy
 
-    p = bc_state_policy(backend="torch")
+    p = make_policy("bc-state", backend="torch")
     assert p.backend == p.runner.name == "torch" and p.runner.active
 
 
 def test_the_factory_names_each_models_backends_in_one_line():
-    from engines.backends import BackendSpec, model_backend, model_runner
+    from engines.backends import model_backend, resolve_runtime
 
     assert model_backend("octo-base") == "jax" and model_backend("bc-state") == "ort"
     with pytest.raises(ValueError, match="valid: ort, trt, torch") as e:
         model_backend("bc-state", "jax")
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="no runner for model 'scripted'"):
-        model_runner("scripted", BackendSpec("ort"))
+        resolve_runtime("scripted", "ort")
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(gpu_sim_unavailable_reason() is not None,
                     reason=f"GPU simulation unavailable: {gpu_sim_unavailable_reason()}")
 def test_gpu_scenes_hand_frames_to_the_engine_on_the_device():
     from env.setups import get_setup
-    from eval.policies import octo_policy
+    from eval.request import make_policy
     from eval.rollout import Scenes, make_members, rollout
 
-    lead = octo_policy("octo-small", random_weights=True)  # the scene's camera sizes: nothing to resize
+    lead = make_policy("octo-small", random_weights=True)  # the scene's camera sizes: nothing to resize
     factory = lead.spawn
     scenes = Scenes(get_setup("A01"), 4, sim="gpu", cameras=True, max_steps=10)
     try:

@@ -127,6 +127,7 @@ def test_broken_engine_files_give_one_line(tmp_path):
     assert "unreadable" in one_line(e.value)
 
 
+@pytest.mark.gpu
 def test_tensorrt_runner_on_the_golden_model(tmp_path):
     reason = trt.unavailable_reason()
     if reason:

@@ -22,6 +22,8 @@ from eval.rollout import gpu_sim_unavailable_reason
 from mani_skill.envs.sapien_env import BaseEnv
 from mani_skill.utils.structs.pose import Pose
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 N = 4
 SUBSTEPS = 25
 DT = 1 / 500
@@ -370,6 +372,7 @@ def _gpu_env(setup_id: str):
     return make_env(setup_id, num_envs=N, sim_backend="physx_cuda", render_backend="none")
 
 
+@pytest.mark.gpu
 @needs_gpu
 def test_gpu_shove_moves_the_block_and_the_predicate_reads_the_step():
     env = _gpu_env("F03")
@@ -407,6 +410,7 @@ def test_gpu_shove_moves_the_block_and_the_predicate_reads_the_step():
         env.close()
 
 
+@pytest.mark.gpu
 @needs_gpu
 def test_gpu_partial_reset_moves_only_its_scene():
     env = _gpu_env("A01")

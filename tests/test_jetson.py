@@ -13,7 +13,7 @@ import pytest
 
 from jetson import device as dev
 from jetson import telemetry as tel
-from jetson import zero_copy as zc
+from engines import zero_copy as zc
 from jetson.tegrastats import TegrastatsParseError, parse_line, parse_lines
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "tegrastats"
@@ -26,7 +26,7 @@ def lines(name):
 
 # ------------------------------------------------------------------ imports
 def test_modules_import_without_optional_dependencies():
-    code = ("import sys, jetson.device, jetson.tegrastats, jetson.telemetry, jetson.zero_copy; "
+    code = ("import sys, jetson.device, jetson.tegrastats, jetson.telemetry, engines.zero_copy; "
             "bad = {'jtop', 'tensorrt', 'pynvml', 'torch', 'cuda'} & set(sys.modules); "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
@@ -525,6 +525,7 @@ def test_tensorrt_runner_passes_device_pointers_without_copies(monkeypatch, tmp_
     assert counter.per_step == [0, host.nbytes] and not counter.report()["zero_copy"]
 
 
+@pytest.mark.gpu
 def test_cuda_frame_to_the_host_is_counted():
     reason = zc.cuda_unavailable_reason()
     if reason:
@@ -537,6 +538,7 @@ def test_cuda_frame_to_the_host_is_counted():
     assert host.shape == (1, 64, 64, 3) and counter.d2h_bytes == 64 * 64 * 3
 
 
+@pytest.mark.gpu
 def test_tensorrt_engine_binding_on_gpu(tmp_path):
     from engines import trt as trt_cache
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from env import tasklist
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +25,7 @@ print(genset.states_sha256())
 """
 
 
+@pytest.mark.slow
 def test_dev_split_and_reasoning_sets_states_are_identical_under_every_blas_kernel():
     procs = {}
     for kernel in KERNELS:

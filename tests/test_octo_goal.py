@@ -56,6 +56,7 @@ def test_goal_cameras_are_the_task_stacking_ones(tiny):
     assert goal_cameras(cfg) == ["primary", "wrist"]  # Octo 1.5: task_stack_keys on both tokenizers
 
 
+@pytest.mark.slow
 def test_zero_goal_is_todays_model_bit_for_bit(tiny, backbone):
     """A goal of zeros (upstream's stand-in for a language-only task) gives exactly the readout and actions of
     the model given no goal, the path every pinned value and parity test runs."""
@@ -179,6 +180,7 @@ def test_ort_matches_jax_with_a_goal(exported, backbone, batch, seed):
     assert rel_err(ort.readout(images, masks, lang), plain) <= REL_TOL
 
 
+@pytest.mark.slow
 def test_runners_take_goal_feeds_alike(exported):
     """The runner interface (feeds): JaxOcto and OnnxOcto give the same actions with a goal_primary feed."""
     from engines.octo.runners import JaxOcto
@@ -230,14 +232,14 @@ def _observation(seed=0):
 
 
 def test_policy_with_a_goal_file(tmp_path):
-    from eval.policies import octo_policy
+    from eval.request import make_policy
     from eval.policies.octo import preprocess
 
     engine = tiny_engine()
     goal = np.random.default_rng(9).integers(0, 256, (64, 80, 3), dtype=np.uint8)
     path = _png(tmp_path / "goal.png", goal)
-    plain = octo_policy(engine=engine)
-    with_goal = octo_policy(engine=engine, goal_image=str(path))
+    plain = make_policy("octo-small", engine=engine)
+    with_goal = make_policy("octo-small", engine=engine, goal_image=str(path))
     assert plain.record_fields() == {}
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     assert with_goal.record_fields() == {"goal_image": "file", "goal_sha256": sha}
@@ -267,7 +269,7 @@ def test_policy_with_a_goal_file(tmp_path):
 def test_policy_with_a_goal_source_per_try():
     """A callable goal (what ``--goal-image solved`` gives) is asked at every reset with the try's start (given
     by the rollout through set_start) and instruction; the record names it and the pixels' sha256."""
-    from eval.policies import octo_policy
+    from eval.request import make_policy
 
     asked = []
 
@@ -278,7 +280,7 @@ def test_policy_with_a_goal_source_per_try():
             asked.append((start, instruction))
             return np.full((256, 256, 3), start, np.uint8)
 
-    pol = octo_policy(engine=tiny_engine(), goal_image=None)
+    pol = make_policy("octo-small", engine=tiny_engine(), goal_image=None)
     from eval.policies.octo import OctoPolicy
 
     pol = OctoPolicy(pol.engine, pol.runner, goal=Source())
@@ -323,13 +325,15 @@ def test_bad_goal_image_is_one_line(tmp_path, capsys, kind):
 
 
 def test_goal_image_option_reaches_the_factory_as_an_absolute_path(tmp_path, monkeypatch):
-    from eval.policies import MODEL_OPTIONS, MODELS
-    from eval.run import build_parser, model_options
+    from eval.request import MODEL_CONFIGS, model_config, options_from_args
+    from eval.run import build_parser
 
-    assert "goal_image" in MODEL_OPTIONS and "goal_image" in MODELS["octo-small"].options
-    assert "goal_image" not in MODELS["bc-state"].options
+    assert "goal_image" in {f.name for f in MODEL_CONFIGS["octo-small"].option_fields()}
+    assert "goal_image" not in {f.name for f in MODEL_CONFIGS["bc-state"].option_fields()}
     args = build_parser().parse_args(["--model", "octo-small", "--goal-image", "solved", "--out", "x"])
-    assert model_options(args)["goal_image"] == "solved"
+    assert options_from_args(args)["goal_image"] == "solved"
+    monkeypatch.chdir(tmp_path)
+    assert model_config("octo-small", goal_image="g.png").goal_image == str(tmp_path / "g.png")
     from eval.orin import build_parser as orin_parser
 
     assert orin_parser().parse_args(["--model", "octo-small", "--goal-image", "g.png", "--out", "x"]).goal_image
@@ -365,6 +369,7 @@ def test_solved_start_seats_the_target_blocks_in_their_holes():
         assert (solved.board_x, solved.board_y, solved.colors) == (start.board_x, start.board_y, start.colors)
 
 
+@pytest.mark.sim
 def test_solved_goal_renders_the_try_with_its_block_in_the_hole():
     pytest.importorskip("mani_skill")
     import torch
@@ -400,10 +405,10 @@ def test_solved_goal_is_rendered_with_the_runs_arm():
     """The executors give policy factories the run's --arm: a solved goal shows the robot of the run."""
     from env.arms import ARMS
     from env.setups import get_setup
-    from eval.policies import get_model
+    from eval.request import make_policy
 
     arm = [a for a in ARMS if a != "panda"][0]
-    pol = get_model("octo-small").factory(setup=get_setup("A01"), arm=arm, goal_image="solved", engine=tiny_engine())
+    pol = make_policy("octo-small", setup=get_setup("A01"), arm=arm, goal_image="solved", engine=tiny_engine())
     try:
         assert pol._goal_source.arm == arm and pol._goal_source.setup.id == "A01"
     finally:

@@ -16,7 +16,7 @@ from engines.octo.errors import OctoCheckpointError, OctoError, OctoTokenizerErr
 from engines.octo.params import init_params  # noqa: E402
 from engines.octo.testing import tiny_config, tiny_statistics, train_spiece  # noqa: E402
 from engines.octo.text import HashTokenizer, T5Tokenizer, make_tokenizer  # noqa: E402
-from eval.policies import MODELS, octo_policy  # noqa: E402
+from eval.request import MODEL_CONFIGS, make_policy, model_config  # noqa: E402
 from eval.policies.octo import (  # noqa: E402
     average_crop_box, crop_and_resize, octo_rotation, octo_to_scene, preprocess, scene_angles)
 
@@ -114,7 +114,7 @@ def test_average_crop_and_resize():
 # ------------------------------------------------------------------ the policy on a tiny checkpoint
 @pytest.fixture(scope="module")
 def policy(tiny_ckpt):
-    return octo_policy("octo-small", checkpoint=str(tiny_ckpt), check_size=False)
+    return make_policy("octo-small", checkpoint=str(tiny_ckpt), check_size=False)
 
 
 def test_policy_history_chunks_and_latency(policy):
@@ -156,13 +156,13 @@ def test_policy_missing_wrist_camera_is_masked(policy):
 
 
 def test_policy_exec_horizon_and_temporal_ensembling(tiny_ckpt, policy):
-    p2 = octo_policy("octo-small", checkpoint=str(tiny_ckpt), check_size=False, exec_horizon=2)
+    p2 = make_policy("octo-small", checkpoint=str(tiny_ckpt), check_size=False, exec_horizon=2)
     assert p2.engine is policy.engine  # one engine per process and checkpoint
     p2.reset(INSTRUCTION, seed=1)
     for step in range(5):
         p2.query(observation(step))
     assert len(p2.latencies_ms) + len(p2.warmup_ms) == 3 == p2.queries  # steps 0, 2, 4
-    te = octo_policy("octo-small", checkpoint=str(tiny_ckpt), check_size=False, temporal_ensembling=True)
+    te = make_policy("octo-small", checkpoint=str(tiny_ckpt), check_size=False, temporal_ensembling=True)
     te.reset(INSTRUCTION, seed=1)
     te.act(observation(0))
     c1 = te.last_chunk.copy()
@@ -170,9 +170,9 @@ def test_policy_exec_horizon_and_temporal_ensembling(tiny_ckpt, policy):
     c2 = te.last_chunk.copy()
     np.testing.assert_array_equal(a, octo_to_scene((c1[1] + c2[0]) / 2))
     with pytest.raises(ValueError, match="exec-horizon"):
-        octo_policy("octo-small", checkpoint=str(tiny_ckpt), check_size=False, exec_horizon=5)
-    with pytest.raises(OctoError, match="backend 'trt'"):
-        octo_policy("octo-small", checkpoint=str(tiny_ckpt), check_size=False, backend="trt")
+        make_policy("octo-small", checkpoint=str(tiny_ckpt), check_size=False, exec_horizon=5)
+    with pytest.raises(ValueError, match="backend 'trt'"):
+        make_policy("octo-small", checkpoint=str(tiny_ckpt), check_size=False, backend="trt")
 
 
 def test_random_weights_note_and_tokenizer_fallback(no_local_files):
@@ -185,7 +185,7 @@ def test_random_weights_note_and_tokenizer_fallback(no_local_files):
     cfg = tiny_config()
     engine = OctoEngine(cfg, init_params(cfg, seed=4), synthetic_statistics(cfg), identity="random-weights:tiny",
                         tokenizer=HashTokenizer(cfg.t5.vocab_size, cfg.lang_tokens), random_weights=True)
-    pol = octo_policy(engine=engine)
+    pol = make_policy("octo-small", engine=engine)
     assert pol.note == RANDOM_WEIGHTS_NOTE == "random weights: latency only, success meaningless"
     pol.reset(INSTRUCTION, seed=0)
     assert np.all(np.abs(pol.act(observation(0))) <= 1)
@@ -201,13 +201,12 @@ def test_real_checkpoint_needs_the_t5_tokenizer(no_local_files, tmp_path):
 
 
 def test_missing_checkpoint_is_one_line(no_local_files):
-    spec = MODELS["octo-small"]
     with pytest.raises(OctoCheckpointError) as e:
-        spec.factory(setup=None)
+        make_policy("octo-small")
     msg = str(e.value)
     assert "\n" not in msg and "huggingface-cli download rail-berkeley/octo-small-1.5" in msg
     with pytest.raises(OctoCheckpointError, match="does not exist"):
-        MODELS["octo-base"].factory(setup=None, checkpoint="/nonexistent/octo")
+        make_policy("octo-base", checkpoint="/nonexistent/octo")
 
 
 def test_checkpoint_found_in_the_hugging_face_cache(no_local_files, tmp_path, tiny_ckpt):
@@ -224,10 +223,10 @@ def test_checkpoint_found_in_the_hugging_face_cache(no_local_files, tmp_path, ti
 
 def test_model_table_rows():
     for name in ("octo-small", "octo-base"):
-        spec = MODELS[name]
-        assert spec.track == "frozen" and spec.observes == "cameras"
-        assert set(spec.options) == {"checkpoint", "random_weights", "exec_horizon", "temporal_ensembling",
-                                     "backend", "goal_image", "precision"}
+        config = model_config(name)
+        assert config.track == "frozen" and config.observes == "cameras"
+        assert {f.name for f in MODEL_CONFIGS[name].option_fields()} == {
+            "checkpoint", "random_weights", "exec_horizon", "temporal_ensembling", "backend", "goal_image", "precision"}
 
 
 def test_instruction_cache_memory_and_folder(tmp_path):
@@ -276,8 +275,8 @@ def test_backend_choice_is_checked_in_one_line():
 
         if backend == "trt" and unavailable_reason() is None:
             continue  # a TensorRT machine: device_check exercises it
-        with pytest.raises(OctoError) as e:  # refused before any weights are made or loaded
-            MODELS["octo-small"].factory(setup=None, random_weights=True, backend=backend)
+        with pytest.raises(ValueError) as e:  # refused before any weights are made or loaded
+            make_policy("octo-small", random_weights=True, backend=backend)
         assert what in str(e.value) and "\n" not in str(e.value)
 
 
@@ -293,8 +292,8 @@ def test_ort_backend_gives_the_jax_actions_closed_loop(tmp_path_factory, monkeyp
 
     monkeypatch.setenv("SAB_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "sab-cache"))
     engine = tiny_engine(seed=1)
-    jax_pol = octo_policy(engine=engine, backend="jax")
-    ort_pol = octo_policy(engine=engine, backend="ort")
+    jax_pol = make_policy("octo-small", engine=engine, backend="jax")
+    ort_pol = make_policy("octo-small", engine=engine, backend="ort")
     assert ort_pol.backend == "ort" and jax_pol.backend == "jax" and ort_pol.note == RANDOM_WEIGHTS_NOTE
     feeds = []  # what each JAX query was given: the readouts of both backends are compared on it
     infer = jax_pol.runner.infer

@@ -14,6 +14,8 @@ import pytest
 from eval.latency_replay import LatencyProfileError, ReplayLatencyPolicy, load_profile
 from eval.policies.base import Policy
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -20,6 +20,8 @@ from env.starts import BlockStart, StartState
 from env.task import success_conditions, upright_bound
 from mani_skill.utils.structs.pose import Pose
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 BOARD_XY = (0.03, 0.0)
 HOLD_OPEN = np.array([0, 0, 0, 0, 0, 0, 1], dtype=np.float32)
 TOP = geometry.PLATE_TOP_Z

@@ -204,13 +204,13 @@ def test_ort_has_no_bf16_kernels_here():
 
 def test_model_runner_refuses_bad_precisions_and_a_missing_int8_graph_in_one_line(monkeypatch):
     pytest.importorskip("torch")
-    from engines.backends import BackendSpec, BackendUnavailable, model_runner
+    from engines.backends import BackendSpec, BackendUnavailable, model_runner, resolve_runtime
     from engines.bc_mlp import DEFAULT_WEIGHTS
 
     if not DEFAULT_WEIGHTS.exists():
         pytest.skip("no bc-state weights")
-    with pytest.raises(BackendUnavailable, match="bfloat16") as e:
-        model_runner("bc-state", BackendSpec("ort", precision="bf16"), weights=DEFAULT_WEIGHTS)
+    with pytest.raises(BackendUnavailable, match="bfloat16") as e:  # the runtime is resolved (and refused) once
+        resolve_runtime("bc-state", "ort", "bf16")
     assert "\n" not in str(e.value)
     monkeypatch.setattr(quantize, "find_int8", lambda *a, **k: None)
     with pytest.raises(BackendUnavailable, match="python -m engines.build --models bc-state") as e:
@@ -235,14 +235,14 @@ def test_eval_run_precision_errors_are_one_line(args, needle, tmp_path, capsys):
 def test_octo_policy_runs_the_int8_backbone_and_the_fp32_sampler(tiny):
     pytest.importorskip("flax")
     pytest.importorskip("sentencepiece")
-    from eval.policies import octo_policy
+    from eval.request import make_policy
 
     engine, onnx, digest = tiny
     cal = _calibration("tiny synthetic", _tiny_feeds(engine.cfg, 2, seed=0))
     int8 = quantize.int8_graph(onnx.backbone, cal, weights_digest=digest)  # beside the cached fp32 export
-    policy = octo_policy(engine=engine, backend="ort", precision="int8")
+    policy = make_policy("octo-small", engine=engine, backend="ort", precision="int8")
     assert policy.runner.backbone.onnx_path == int8 and policy.runner.sampler.onnx_path == onnx.sampler
-    fp32 = octo_policy(engine=engine, backend="ort")
+    fp32 = make_policy("octo-small", engine=engine, backend="ort")
     assert fp32.runner.backbone.onnx_path == onnx.backbone
     feeds = fp32._blank_feeds(1)
     a, b = policy.infer(feeds)["actions"], fp32.infer(feeds)["actions"]

@@ -23,6 +23,8 @@ import pytest
 
 from eval.policies.base import Policy
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 ROOT = Path(__file__).resolve().parents[1]
 FAULT_DIR_ENV = "SAB_FAULT_DIR"
 KEYS = ("setup", "try", "seed", "success", "steps", "flags", "blocks_inserted", "disturbance_fired", "target")

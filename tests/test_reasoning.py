@@ -353,6 +353,7 @@ def renderer():
     return S.Renderer()
 
 
+@pytest.mark.slow
 def test_build_is_deterministic(tmp_path_factory, renderer):
     kw = dict(seed=1, per_type=1, lite=1, plan_ks=(2,), plan_per_k=1, progress=False, renderer=renderer)
     m1 = B.build(tmp_path_factory.mktemp("a"), **kw)

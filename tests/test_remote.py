@@ -24,6 +24,8 @@ pytest.importorskip("websockets")
 TIMING = {"wall_s", "infer_ms", "infer_ms_mean", "infer_ms_p99", "warmup_ms", "step_ms", "machine", "backend",
           "remote_ms"}
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 
 def _outcomes(records):
     return [{k: v for k, v in r.to_json().items() if k not in TIMING} for r in records]
@@ -62,13 +64,13 @@ def _bc_obs(seed=0):
 
 # ------------------------------------------------------------------ served == in-process
 def test_served_bc_state_gives_the_in_process_records_batched_in_one_call():
-    from eval.policies import bc_state_policy
+    from eval.request import make_policy
     from eval.remote.client import RemotePolicy
 
-    server = _serve(bc_state_policy(), "bc-state", "openpi")
+    server = _serve(make_policy("bc-state"), "bc-state", "openpi")
     try:
         local, remote, batch, members = _local_and_remote(
-            "A02", [0, 1], bc_state_policy, lambda: RemotePolicy(server.url, "openpi", "bc-state"), False, 25)
+            "A02", [0, 1], lambda: make_policy("bc-state"), lambda: RemotePolicy(server.url, "openpi", "bc-state"), False, 25)
     finally:
         server.close()
     assert _outcomes(remote) == _outcomes(local)
@@ -83,11 +85,11 @@ def test_served_octo_gives_the_in_process_actions_over_vla_eval_batched():
     same actions step by step, one server call per model query, frames of chunk steps sent with the next."""
     pytest.importorskip("jax")
     from engines.octo.testing import tiny_engine
-    from eval.policies import octo_policy
+    from eval.request import make_policy
     from eval.policies.base import query_members
     from eval.remote.client import RemotePolicy
 
-    policy = octo_policy(engine=tiny_engine(seed=1))  # one runner, compiled once, for both sides
+    policy = make_policy("octo-small", engine=tiny_engine(seed=1))  # one runner, compiled once, for both sides
     server = _serve(policy.spawn(), "octo-small", "vla-eval")
     try:
         local = make_members(policy, 2, None)
@@ -118,15 +120,15 @@ def test_served_octo_gives_the_in_process_actions_over_vla_eval_batched():
 # ------------------------------------------------------------------ the reference clients talk to eval.serve
 def test_openpi_client_package_talks_to_eval_serve_and_a_wrong_token_is_refused():
     openpi = pytest.importorskip("openpi_client.websocket_client_policy")
-    from eval.policies import bc_state_policy
+    from eval.request import make_policy
 
-    server = _serve(bc_state_policy(), "bc-state", "openpi", token="s3cret")
+    server = _serve(make_policy("bc-state"), "bc-state", "openpi", token="s3cret")
     try:
         client = openpi.WebsocketClientPolicy(server.url, api_key="s3cret")
         meta = client.get_server_metadata()
         assert meta["model"] == "bc-state" and meta["protocol"] == "openpi"
         state = _bc_obs()
-        ref = bc_state_policy()
+        ref = make_policy("bc-state")
         ref.reset("x", seed=5)
         for step in range(3):  # the server keeps the scene's action history, as the in-process policy does
             reply = client.infer({"episode": 1, "seed": 5, "prompt": "x", "state": state})
@@ -143,11 +145,11 @@ def test_vla_eval_connection_talks_to_eval_serve():
     import anyio
     from vla_eval.connection import Connection
 
-    from eval.policies import bc_state_policy
+    from eval.request import make_policy
 
-    server = _serve(bc_state_policy(), "bc-state", "vla-eval")
+    server = _serve(make_policy("bc-state"), "bc-state", "vla-eval")
     state = _bc_obs()
-    ref = bc_state_policy()
+    ref = make_policy("bc-state")
     ref.reset("insert the square", seed=2)
 
     async def talk():
@@ -324,10 +326,10 @@ def test_unreachable_server_and_bad_options_are_one_line_before_any_scene(tmp_pa
 
 def test_wrong_token_garbage_and_malformed_replies_are_one_line():
     pytest.importorskip("openpi_client")
-    from eval.policies import bc_state_policy
+    from eval.request import make_policy
     from eval.remote.client import MalformedReply, RemotePolicy, ServerUnreachable, check_server
 
-    server = _serve(bc_state_policy(), "bc-state", "vla-eval", token="tok")
+    server = _serve(make_policy("bc-state"), "bc-state", "vla-eval", token="tok")
     try:
         with pytest.raises(ServerUnreachable, match="refused the token"):
             check_server(server.url, "vla-eval", "bc-state", token="bad")
@@ -401,10 +403,10 @@ def test_eval_serve_refuses_scripted_in_one_line():
 
 
 def test_a_served_try_keeps_its_round_trips_in_its_record():
-    from eval.policies import bc_state_policy
+    from eval.request import make_policy
     from eval.remote.client import RemotePolicy
 
-    server = _serve(bc_state_policy(), "bc-state", "openpi")
+    server = _serve(make_policy("bc-state"), "bc-state", "openpi")
     scenes = Scenes(get_setup("A01"), 1, max_steps=4)
     try:
         policy = RemotePolicy(server.url, "openpi", "bc-state")
@@ -424,7 +426,8 @@ def test_a_served_try_keeps_its_round_trips_in_its_record():
 
 def test_a_served_runs_token_is_written_to_no_file_of_the_run_or_the_site(tmp_path):
     """The real command lines: eval.serve with a token, eval.run given it by flag and by $SAB_REMOTE_TOKEN, then
-    eval.site over both folders; the token's bytes are in none of the files written."""
+    eval.site over both folders; the token's bytes are in none of the files written. The served bc-state is
+    recorded on its profile's track (adapted) and the run renders no camera for it."""
     token = "tok-3f9c1d7e-never-written"
     proc = subprocess.Popen([sys.executable, "-m", "eval.serve", "--model", "bc-state", "--port", "0",
                              "--token", token], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -447,6 +450,9 @@ def test_a_served_runs_token_is_written_to_no_file_of_the_run_or_the_site(tmp_pa
     finally:
         proc.kill()
         proc.wait(10)
+    for out in runs.values():  # the profile's track, and no camera rendered for a state model (eval.request)
+        (rec,) = [json.loads(line) for line in (out / "tries.jsonl").read_text().splitlines()]
+        assert rec["track"] == "adapted" and rec["profile"] == "bc-state" and rec["step_ms"]["render"] == 0
     assert json.loads((runs["flag"] / "run.json").read_text())["credentials"] == {"token": "set (from --token)"}
     assert json.loads((runs["env"] / "run.json").read_text())["credentials"] == {"token": "set (from $SAB_REMOTE_TOKEN)"}
     site = tmp_path / "site"

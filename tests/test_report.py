@@ -334,8 +334,8 @@ def test_random_weights_and_incomplete_frozen_runs_are_not_ranked_in_report():
     from eval.report import render_markdown
 
     note = "random weights: latency only, success meaningless"
-    recs = [{"setup": sid, "try": 0, "success": False, "model": "octo-small", "track": "frozen", "note": note}
-            for sid in SCORED_IDS]
+    recs = [{"setup": sid, "try": 0, "success": False, "model": "octo-small", "track": "frozen", "note": note,
+             "split": "test"} for sid in SCORED_IDS]
     md = render_markdown({"octo-small": build_summary(recs, n_boot=20)})
     row = next(ln for ln in md.splitlines() if ln.startswith("| octo-small |"))
     assert "no (random weights: latency only)" in row and "| yes |" not in row
@@ -343,9 +343,12 @@ def test_random_weights_and_incomplete_frozen_runs_are_not_ranked_in_report():
     md = render_markdown({"octo-small": build_summary(recs, n_boot=20)})
     row = next(ln for ln in md.splitlines() if ln.startswith("| octo-small |"))
     assert "no (incomplete)" in row
-    recs.append({"setup": "G02", "try": 0, "success": False, "model": "octo-small", "track": "frozen"})
+    recs.append({"setup": "G02", "try": 0, "success": False, "model": "octo-small", "track": "frozen", "split": "test"})
     md = render_markdown({"octo-small": build_summary(recs, n_boot=20)})
     assert "| frozen | yes |" in md
+    # the ranking rules of the results page (eval.report.ranking): a complete run on another split is no result
+    dev = [dict(r, split="dev") for r in recs]
+    assert "| frozen | no |" in render_markdown({"octo-small": build_summary(dev, n_boot=20)})
 
 
 # ---------------------------------------------------------------------------

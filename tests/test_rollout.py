@@ -16,6 +16,8 @@ from eval.policies.base import Policy
 from eval.rollout import STAGES, Scenes, make_members, rollout, run_try
 from tests.conftest import REPO_ROOT
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 TIMING = {"wall_s", "infer_ms", "infer_ms_mean", "infer_ms_p99", "warmup_ms", "step_ms", "machine", "num_envs"}
 
 
@@ -43,11 +45,11 @@ def _one_at_a_time_and_batched(setup_id, tries, factory, cameras, max_steps, num
 def test_camera_policy_batched_gives_the_records_of_one_scene_at_a_time():
     pytest.importorskip("jax")
     from engines.octo.testing import tiny_engine
-    from eval.policies import octo_policy
+    from eval.request import make_policy
 
     engine = tiny_engine(seed=3)
     single, batched, batch = _one_at_a_time_and_batched(
-        "A01", [0, 1], lambda: octo_policy(engine=engine), cameras=True, max_steps=10)
+        "A01", [0, 1], lambda: make_policy("octo-small", engine=engine), cameras=True, max_steps=10)
     assert _outcomes(single) == _outcomes(batched)
     assert [r.steps for r in single] == [10, 10]
     # queries at steps 0, 4, 8: one model call for both scenes each time
@@ -58,9 +60,9 @@ def test_camera_policy_batched_gives_the_records_of_one_scene_at_a_time():
 
 
 def test_state_policy_batched_gives_the_records_of_one_scene_at_a_time():
-    from eval.policies import bc_state_policy
+    from eval.request import make_policy
 
-    single, batched, batch = _one_at_a_time_and_batched("A02", [0, 1, 2], bc_state_policy, cameras=False,
+    single, batched, batch = _one_at_a_time_and_batched("A02", [0, 1, 2], lambda: make_policy("bc-state"), cameras=False,
                                                         max_steps=None, num_envs=3)
     assert _outcomes(single) == _outcomes(batched)
     assert batch["batched_queries"] and batch["steps"] == max(r.steps for r in batched)
@@ -147,6 +149,7 @@ def test_video_is_a_playable_mp4_of_the_try(tmp_path):
     assert rec["success"]
 
 
+@pytest.mark.slow
 def test_octo_runs_batched_end_to_end(tmp_path):
     pytest.importorskip("jax")
     out = tmp_path / "octo"

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("setup", "try", "seed", "success", "steps", "flags", "blocks_inserted", "disturbance_fired")
 

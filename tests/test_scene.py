@@ -11,6 +11,8 @@ from env.starts import BlockStart, StartState
 from env.task import DEEP_M, next_streak, success_conditions
 from mani_skill.utils.structs.pose import Pose
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 BOARD_XY = (0.03, 0.0)
 HOLD_OPEN = np.array([0, 0, 0, 0, 0, 0, 1], dtype=np.float32)
 HOLD_CLOSED = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float32)

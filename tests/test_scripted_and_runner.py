@@ -13,6 +13,8 @@ from env.setups import get_setup
 from eval.policies.scripted import ScriptedPolicy
 from eval.rollout import STAGES, Scenes, run_try
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

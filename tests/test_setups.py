@@ -15,6 +15,8 @@ from env.tasklist import load
 from eval.policies.scripted import ScriptedPolicy
 from eval.rollout import observation_for
 
+pytestmark = pytest.mark.sim  # builds ManiSkill scenes
+
 HOLD = np.array([0, 0, 0, 0, 0, 0, 1], dtype=np.float32)
 
 

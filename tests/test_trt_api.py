@@ -14,7 +14,7 @@ import pytest
 from engines import runners, trt
 from engines.onnx_utils import BadModelFileError
 from engines.runners import TensorRtRunner
-from jetson.zero_copy import CopyCounter
+from engines.zero_copy import CopyCounter
 from tests import fake_trt
 from tests.fake_trt import ENGINE_BYTES, DeviceArray
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from engines.octo.config import OctoConfig
 from engines.runners import JaxRunner, Runner
-from jetson.zero_copy import CopyCounter, as_host_view, is_torch_tensor, to_jax
+from engines.zero_copy import CopyCounter, as_host_view, is_torch_tensor, to_jax
 
 
 def image_names(cfg: OctoConfig) -> list[str]:

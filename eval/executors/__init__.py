@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterator, Protocol
 
-from eval.executors.base import (HANG_FLAGS, SETUP_TIMEOUT_S, STEP_TIMEOUT_S, BatchResult, Job,  # noqa: F401
-                                 TryWorker, WorkerError, video_file)
+from eval.executors.base import (STARTUP_TIMEOUT_S, STEP_TIMEOUT_S, BatchResult, Job, TryWorker,  # noqa: F401
+                                 WorkerError, video_file)
 
 EXECUTORS = ("local", "ray")
 
@@ -30,21 +30,19 @@ class Executor(Protocol):
         """Stop the workers (and what the executor started)."""
 
 
-def make_executor(kind: str, n: int, model: str, split: str, arm: str, video_dir: str | None, options: dict, *,
-                  step_timeout_s: float = STEP_TIMEOUT_S, num_envs: int = 1, sim: str = "cpu",
+def make_executor(kind: str, n: int, request, video_dir: str | None, *, step_timeout_s: float = STEP_TIMEOUT_S,
                   address: str | None = None, gpus_per_actor: float = 0.0) -> Executor:
-    """An executor of ``kind`` with ``n`` workers (processes or actors); WorkerError (one line) if it cannot
-    start."""
+    """An executor of ``kind`` with ``n`` workers (processes or actors), each given the run's
+    :class:`eval.request.RunRequest`; WorkerError (one line) if it cannot start."""
     if kind == "local":
         if address or gpus_per_actor:
             raise WorkerError("--address and --gpus-per-actor need --executor ray")
         from eval.executors.local import WorkerPool
 
-        return WorkerPool(n, model, split, arm, video_dir, options, step_timeout_s=step_timeout_s,
-                          num_envs=num_envs, sim=sim)
+        return WorkerPool(n, request, video_dir, step_timeout_s=step_timeout_s)
     if kind == "ray":
         from eval.executors.ray_actors import RayPool
 
-        return RayPool(n, model, split, arm, video_dir, options, step_timeout_s=step_timeout_s, address=address,
-                       gpus_per_actor=gpus_per_actor, num_envs=num_envs, sim=sim)
+        return RayPool(n, request, video_dir, step_timeout_s=step_timeout_s, address=address,
+                       gpus_per_actor=gpus_per_actor)
     raise WorkerError(f"unknown executor {kind!r}; valid: {', '.join(EXECUTORS)}")

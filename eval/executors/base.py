@@ -9,8 +9,7 @@ from typing import Callable
 from env.setups import Setup
 
 STEP_TIMEOUT_S = 120.0  # a policy query, or one control step's physics, taking longer than this is a hang
-HANG_FLAGS = {"policy": "policy_hang", "sim": "sim_hang"}  # the flag of a try that hung in each stage
-SETUP_TIMEOUT_S = 900.0  # starting a worker or building a scene: slow under load, but not a step
+STARTUP_TIMEOUT_S = 900.0  # starting a worker or building a scene: slow under load, but not a step
 
 
 @dataclass(frozen=True)
@@ -46,26 +45,23 @@ class WorkerError(RuntimeError):
 
 
 class TryWorker:
-    """What one worker owns, whatever runs it (a local process or a Ray actor): the scenes of its current
-    setup (state or camera observations, N of them with --num-envs N), the policies for that setup (one per
-    scene), and the task list.
+    """What one worker owns, whatever runs it (a local process or a Ray actor): the run's request (the model
+    resolved once, in the parent), the scenes of its current setup (state or camera observations, as the
+    model observes; N of them with --num-envs N), the policies for that setup (one per scene), and the task
+    list.
 
     ``run`` runs one job through :func:`eval.rollout.rollout`; ``on_step(stage)`` is the watchdog's heartbeat.
     A bad action raises :class:`eval.policies.base.BadActionError`.
     """
 
-    def __init__(self, model: str, split: str, arm: str, options: dict | None = None, num_envs: int = 1,
-                 sim: str = "cpu"):
+    def __init__(self, request):
         import torch
 
         torch.set_num_threads(1)  # one core per worker: W workers on W cores, no oversubscription
         from env.tasklist import load
-        from eval.policies import get_model
 
-        self.spec = get_model(model)
-        self.split, self.arm, self.options = split, arm, dict(options or {})
-        self.num_envs, self.sim = num_envs, sim
-        self.tasklist = load(split)
+        self.request = request
+        self.tasklist = load(request.split)
         self._key = None  # (setup id, cameras) of the scenes held
         self.scenes = None
         self.members: list = []
@@ -74,7 +70,8 @@ class TryWorker:
         """(scenes, policies) for the job: built when the setup (or the need for cameras) changes, else kept."""
         from eval.rollout import Scenes, make_members
 
-        cameras = job.video or self.spec.observes == "cameras"
+        r = self.request
+        cameras = job.video or r.observes == "cameras"
         key = (job.setup.id, cameras)
         if key != self._key:
             if self.scenes is not None and self._key[0] == job.setup.id:
@@ -82,9 +79,9 @@ class TryWorker:
                 self.scenes = None
             else:
                 self.close()
-                factory = lambda: self.spec.factory(setup=job.setup, arm=self.arm, **self.options)  # noqa: E731
-                self.members = make_members(factory(), self.num_envs, factory)
-            self.scenes = Scenes(job.setup, self.num_envs, sim=self.sim, arm=self.arm, cameras=cameras)
+                factory = lambda: r.policy(job.setup)  # noqa: E731
+                self.members = make_members(factory(), r.num_envs, factory)
+            self.scenes = Scenes(job.setup, r.num_envs, sim=r.sim, arm=r.arm, cameras=cameras)
             self._key = key
         return self.scenes, self.members
 
@@ -98,7 +95,7 @@ class TryWorker:
             scenes, members = self.prepare(job)
             if on_step is not None:
                 on_step("sim")  # from here on the watchdog times every stage of every control step
-            return rollout(scenes, members, self.split, job.try_indices(), self.tasklist, on_step=on_step,
+            return rollout(scenes, members, self.request.split, job.try_indices(), self.tasklist, on_step=on_step,
                            videos=[video_path] if (job.video and video_path) else None)
 
         try:
@@ -108,8 +105,7 @@ class TryWorker:
             self.close()
             records, batch = attempt()  # a second loss propagates: the run stops in one line
             records = [replace(r, flags=tuple(sorted({*r.flags, "server_error"}))) for r in records]
-        return BatchResult(labelled(records, self.spec.name, self.spec.track, self.arm),
-                           batch if self.num_envs > 1 else None)
+        return BatchResult(labelled(records, self.request.identity()), batch if self.request.num_envs > 1 else None)
 
     def close(self) -> None:
         if self.scenes is not None:

@@ -25,7 +25,8 @@ import time
 import traceback
 from typing import Callable, Iterator
 
-from eval.executors.base import (HANG_FLAGS, SETUP_TIMEOUT_S, STEP_TIMEOUT_S, BatchResult, Job, TryWorker,
+from eval.records import HANG_FLAGS
+from eval.executors.base import (STARTUP_TIMEOUT_S, STEP_TIMEOUT_S, BatchResult, Job, TryWorker,
                                  WorkerError, video_file)
 
 _STAGE_CODES = tuple(HANG_FLAGS)  # stage names by the code a worker writes into its shared stage value
@@ -33,14 +34,13 @@ _POLL_S = 0.2
 _ORPHAN_CHECK_S = 2.0  # an idle worker checks this often whether its parent still exists
 
 
-def _worker_main(worker_id, model, split, arm, video_dir, options, num_envs, sim, jobs, results, heartbeat,
-                 stage_code):
+def _worker_main(worker_id, request, video_dir, jobs, results, heartbeat, stage_code):
     """Loop of one worker process: run jobs until a None job arrives."""
     from eval.policies.base import BadActionError
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops the pool
     try:
-        worker = TryWorker(model, split, arm, options, num_envs=num_envs, sim=sim)
+        worker = TryWorker(request)
 
         def beat(stage: str = "sim"):
             stage_code.value = _STAGE_CODES.index(stage)
@@ -73,10 +73,9 @@ def _worker_main(worker_id, model, split, arm, video_dir, options, num_envs, sim
 
 
 class WorkerPool:
-    def __init__(self, n: int, model: str, split: str, arm: str, video_dir: str | None, options: dict | None = None,
-                 step_timeout_s: float = STEP_TIMEOUT_S, num_envs: int = 1, sim: str = "cpu"):
+    def __init__(self, n: int, request, video_dir: str | None, step_timeout_s: float = STEP_TIMEOUT_S):
         self.ctx = mp.get_context("spawn")  # no forked simulator state
-        self.args = (model, split, arm, video_dir, dict(options or {}), num_envs, sim)
+        self.args = (request, video_dir)
         self.step_timeout_s = step_timeout_s
         self.results = self.ctx.Queue()
         self.workers: dict[int, dict] = {}
@@ -135,8 +134,8 @@ class WorkerPool:
                                   f"{w['job'].setup.id} try {w['job'].try_index}")
             beat = w["heartbeat"].value
             stepping_hung = beat > 0 and now - beat > self.step_timeout_s
-            setup_hung = beat == 0 and now - w["since"] > SETUP_TIMEOUT_S
-            if stepping_hung or setup_hung:
+            startup_hung = beat == 0 and now - w["since"] > STARTUP_TIMEOUT_S
+            if stepping_hung or startup_hung:
                 job = w["job"]
                 flag = HANG_FLAGS[_STAGE_CODES[w["stage"].value]] if stepping_hung else "sim_hang"
                 w["proc"].kill()

@@ -33,7 +33,8 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Iterator
 
-from eval.executors.base import HANG_FLAGS, SETUP_TIMEOUT_S, STEP_TIMEOUT_S, BatchResult, Job, WorkerError, video_file
+from eval.executors.base import STARTUP_TIMEOUT_S, STEP_TIMEOUT_S, BatchResult, Job, WorkerError, video_file
+from eval.records import HANG_FLAGS
 
 _POLL_S = 0.2
 _PROGRESS_EVERY_S = 1.0  # how often the driver asks a busy actor for its step count
@@ -52,8 +53,8 @@ class _TryActor:
     """A Ray actor: one TryWorker, built on the first try (so that a model that fails to load is reported
     as an error of the run, not as a dead actor). ``progress`` runs in its own concurrency group."""
 
-    def __init__(self, model: str, split: str, arm: str, options: dict, num_envs: int = 1, sim: str = "cpu"):
-        self.args = (model, split, arm, dict(options), num_envs, sim)
+    def __init__(self, request):
+        self.args = (request,)
         self.worker = None
         self.seq = -1
         self.steps = 0
@@ -106,15 +107,14 @@ class RayPool:
     the cluster can place at once so that no try waits on an actor that cannot be scheduled.
     """
 
-    def __init__(self, n: int, model: str, split: str, arm: str, video_dir: str | None, options: dict | None = None,
-                 step_timeout_s: float = STEP_TIMEOUT_S, address: str | None = None, gpus_per_actor: float = 0.0,
-                 setup_timeout_s: float = SETUP_TIMEOUT_S, max_retries: int = MAX_RETRIES, num_envs: int = 1,
-                 sim: str = "cpu"):
+    def __init__(self, n: int, request, video_dir: str | None, step_timeout_s: float = STEP_TIMEOUT_S,
+                 address: str | None = None, gpus_per_actor: float = 0.0, startup_timeout_s: float = STARTUP_TIMEOUT_S,
+                 max_retries: int = MAX_RETRIES):
         ray = require_ray()
         self.ray = ray
         self.video_dir = video_dir
         self.step_timeout_s = step_timeout_s
-        self.setup_timeout_s = setup_timeout_s
+        self.startup_timeout_s = startup_timeout_s
         self.max_retries = max_retries
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
@@ -138,7 +138,7 @@ class RayPool:
             n = fit
         self.actor_cls = ray.remote(num_cpus=1, num_gpus=gpus_per_actor, max_restarts=0,
                                     concurrency_groups={_WATCH_GROUP: 1})(_TryActor)
-        self.args = (model, split, arm, dict(options or {}), num_envs, sim)
+        self.args = (request,)
         self.actors: dict[int, dict] = {}
         self._next_id = 0
         self._seq = 0
@@ -254,8 +254,8 @@ class RayPool:
                 a["since"] = now  # not placed or not started yet: waiting for resources is not a hang
                 continue
             stepping_hung = a["steps"] > 0 and now - a["changed"] > self.step_timeout_s
-            setup_hung = a["steps"] == 0 and now - a["since"] > self.setup_timeout_s
-            if stepping_hung or setup_hung:
+            startup_hung = a["steps"] == 0 and now - a["since"] > self.startup_timeout_s
+            if stepping_hung or startup_hung:
                 job = a["job"]
                 self._kill(aid)
                 hung.append((job, HANG_FLAGS[a.get("stage", "sim")] if stepping_hung else "sim_hang"))

@@ -20,14 +20,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from jetson.zero_copy import concat_rows
+from engines.zero_copy import concat_rows
+from env import setups as env_setups
 
 TRACKS = ("reference", "sanity", "frozen", "adapted")
 ACTION_DIM = 7  # end-effector delta xyz, delta roll-pitch-yaw, gripper (+1 open, -1 close)
 ACTION_BOUND = 1.0  # the controller's normalised range is [-1, 1] in every component; it clips the rest
 # the arm held still with the gripper open: what the hold policy sends, what scenes whose try has ended are
 # stepped with while the others of their batch go on, and the "last action" before a try's first
-HOLD_ACTION = np.array([0, 0, 0, 0, 0, 0, 1], dtype=np.float32)
+HOLD_ACTION = np.array(env_setups.HOLD_ACTION, dtype=np.float32)
 HOLD_ACTION.setflags(write=False)
 
 

@@ -1,5 +1,5 @@
 """bc-state (track: adapted): the MLP on exact state, run by a runner the backend factory built (ONNX
-Runtime, TensorRT or torch; :func:`eval.policies.bc_state_policy` assembles it)."""
+Runtime, TensorRT or torch; :class:`eval.request.BCStateConfig` assembles it)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,6 @@ from engines.onnx_utils import sha256_file
 from eval.policies.base import Policy
 from eval.training.state_features import ActionHistory, policy_input
 
-TRT_PRECISION = "fp32"  # a 0.3 MB MLP: fp16 would save nothing measurable and cost sub-millimetre precision
-TRT_BATCH_MAX = 256  # the engine's profile covers every --num-envs batch up to this
-ORT_THREADS = 1  # a 0.3 MB MLP at batch 1 gains nothing from more threads, and workers share the cores
 
 
 def weights_sha256(weights: str | Path | None = None) -> str:

@@ -51,11 +51,11 @@ What the adapter does, step by step, as upstream's evaluation wrappers do
   rendered pixels).
 
 Backends: the policy receives its runner from the one backend factory
-(:func:`engines.backends.model_runner`, assembled by :func:`eval.policies.octo_policy`):
+(:func:`engines.backends.model_runner`, assembled by :class:`eval.request.OctoConfig`):
 ``jax`` runs the jitted JAX model (on the CPU, or on the GPU where JAX has CUDA); ``ort``
 runs the exported ONNX graphs (backbone, unrolled sampler; see :mod:`engines.octo.export`)
 through ONNX Runtime on the CPU; ``trt`` builds TensorRT engines from them
-(``TRT_PRECISION``) and runs them on the GPU. The noise of every query is drawn from the
+(fp16 unless asked: ``engines.backends.MODEL_RUNTIMES``) and runs them on the GPU. The noise of every query is drawn from the
 try's key in JAX for all backends, so equal seeds give the same actions on every backend
 (to float rounding). The instruction embedding (T5) always runs in JAX, once per
 instruction.
@@ -93,16 +93,15 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from engines.zero_copy import is_torch_tensor, stack_rows
+from env.setups import ACTION_ROTATION_RAD, ACTION_TRANSLATION_M
 from eval.policies.base import Policy
-from jetson.zero_copy import is_torch_tensor, stack_rows
 
-TRANSLATION_SCALE_M = 0.1
-ROTATION_SCALE_RAD = 0.1
+TRANSLATION_SCALE_M = ACTION_TRANSLATION_M  # the scene's controller: metres and radians per unit action
+ROTATION_SCALE_RAD = ACTION_ROTATION_RAD
 CAMERA_OF = {"primary": "third_person", "wrist": "wrist"}  # Octo image -> observation["images"] key
 AVG_CROP_SCALE, AVG_CROP_RATIO = 0.9, 1.0  # the mean of upstream's random_resized_crop (scale 0.8..1)
 AUGMENTED_KEYS = ("image_primary",)
-TRT_PRECISION = "fp16"  # the Orin's fast path; device_check compares it with fp32
-TRT_BATCH_MAX = 64  # the engines' batch profile covers every --num-envs batch up to this (opt: batch 1)
 
 
 # ------------------------------------------------------------------ action conversion

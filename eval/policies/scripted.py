@@ -20,10 +20,11 @@ import numpy as np
 from scipy.spatial.transform import Rotation
 
 from env import geometry
+from env.setups import ACTION_ROTATION_RAD, ACTION_TRANSLATION_M
 from eval.policies.base import Policy
 
-POS_SCALE = 0.1  # metres per unit action (pd_ee_delta_pose)
-ROT_SCALE = 0.1  # radians per unit action
+POS_SCALE = ACTION_TRANSLATION_M  # metres per unit action (pd_ee_delta_pose)
+ROT_SCALE = ACTION_ROTATION_RAD  # radians per unit action
 APPROACH_HEIGHT = 0.08  # above the knob top
 CARRY_CLEARANCE = 0.035  # block bottom above the plate top while carrying
 GRASP_DEPTH = 0.012  # tcp below the knob top when grasping

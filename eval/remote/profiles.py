@@ -53,6 +53,8 @@ from typing import Mapping
 
 import numpy as np
 
+from env.setups import ACTION_ROTATION_RAD, ACTION_TRANSLATION_M
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -96,7 +98,6 @@ PROFILES: Mapping[str, Profile] = MappingProxyType({p.name: p for p in (
 )})
 
 LIBERO_TRANSLATION_M, LIBERO_ROTATION_RAD = 0.05, 0.5  # robosuite OSC_POSE output_max per unit action
-SCENE_TRANSLATION_M, SCENE_ROTATION_RAD = 0.1, 0.1
 
 
 def get_profile(name: str) -> Profile:
@@ -155,12 +156,12 @@ def to_scene(p: Profile, action) -> np.ndarray:
     if p.action == "bridge":
         return octo_to_scene(a[:7])
     if p.action == "libero":  # normalised OSC deltas (axis-angle rotation), gripper -1 open / +1 close
-        pos = np.clip(a[:3] * LIBERO_TRANSLATION_M / SCENE_TRANSLATION_M, -1, 1)
+        pos = np.clip(a[:3] * LIBERO_TRANSLATION_M / ACTION_TRANSLATION_M, -1, 1)
         rotvec = a[3:6] * LIBERO_ROTATION_RAD
         from scipy.spatial.transform import Rotation
 
         rpy = Rotation.from_rotvec(rotvec).as_euler("xyz")  # extrinsic roll-pitch-yaw
-        rot = scene_angles(octo_rotation(rpy)) / SCENE_ROTATION_RAD
+        rot = scene_angles(octo_rotation(rpy)) / ACTION_ROTATION_RAD
         n = float(np.linalg.norm(rot))
         rot = rot / n if n > 1 else rot
         return np.concatenate([pos, rot, [1.0 if a[6] < 0 else -1.0]]).astype(np.float32)

@@ -24,7 +24,6 @@ from eval.report.plots import plot_groups, plot_heatmap, plot_latency
 from eval.report.summary import (
     FLAG_NAMES,
     N_WEAKEST,
-    RANKED_TRACKS,
     REQUIRED_FIELDS,
     ReportError,
     build_summary,
@@ -46,7 +45,6 @@ __all__ = [
     # also public in the single-module eval/report.py, re-exported here
     "REQUIRED_FIELDS",
     "N_WEAKEST",
-    "RANKED_TRACKS",
     "predicate_of",
     "write_text_atomic",
     "plot_latency",

@@ -5,7 +5,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from env.setups import DIFFICULTIES, GROUPS
 from eval.report.plots import run_title
-from eval.report.summary import N_WEAKEST, _json_key, ranked_text
+from eval.report.ranking import ranked_text
+from eval.report.summary import N_WEAKEST, _json_key
 
 
 # --------------------------------------------------------------------------

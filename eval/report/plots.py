@@ -77,7 +77,7 @@ def run_title(name: str, summary: Mapping) -> str:
 def _label(name: str, summary: Mapping) -> str:
     """A model's name in a picture, with its arm (not the Panda), marked when its weights are random (its
     success means nothing)."""
-    from eval.report.summary import is_random_weights
+    from eval.report.ranking import is_random_weights
 
     name = run_title(name, summary)
     return f"{name} (random weights: latency only)" if is_random_weights(summary) else name

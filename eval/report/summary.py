@@ -12,15 +12,17 @@ own and never enter S or M.  A record needs only ``setup``, ``try`` and
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from env.predicate import VETO_FLAGS
+from eval.records import FLAG_NAMES  # noqa: F401 - the report lists every flag a record can hold
 from env.setups import DIFFICULTIES, FULL_BOARD_IDS, GROUPS, SCORED_IDS, SETUPS, difficulty_of, group_of
 from eval.stats import (
+    ci_list,
+    finite,
     outcomes_from_records,
     paired_difference,
     paired_outcomes_from_records,
@@ -30,34 +32,8 @@ from eval.stats import (
     wilson,
 )
 
-FLAG_NAMES = ("wrong_hole", "rim", "penetration", "glitch", "dropped", "policy_hang", "sim_hang", "actor_died")
 REQUIRED_FIELDS = ("setup", "try", "success")
 N_WEAKEST = 3
-RANKED_TRACKS = {"frozen": "yes", "reference": "no", "sanity": "no", "adapted": "no"}
-
-
-def is_random_weights(summary: Mapping, run_json: Mapping | None = None) -> bool:
-    """A run of a model with seeded random weights (``--random-weights``): latency only, never ranked.
-    Known from run.json's options or the records' note ("random weights: latency only, ...")."""
-    opts = (run_json or {}).get("options") or {}
-    if isinstance(opts, Mapping) and opts.get("random_weights"):
-        return True
-    note = summary.get("note")
-    notes = note if isinstance(note, list) else [note]
-    return any(isinstance(n, str) and "random weights" in n for n in notes)
-
-
-def ranked_text(summary: Mapping, run_json: Mapping | None = None) -> str:
-    """The leaderboard's "Ranked" cell of a run: only complete frozen-track runs with real weights are ranked."""
-    if is_random_weights(summary, run_json):
-        return "no (random weights: latency only)"
-    track = summary.get("track")
-    ranked = RANKED_TRACKS.get(track, "?") if isinstance(track, str) else "?"
-    if ranked == "yes" and not summary.get("complete"):
-        return "no (incomplete)"
-    return ranked
-
-
 class ReportError(ValueError):
     """Bad input to the report (message is one line)."""
 
@@ -79,19 +55,6 @@ def load_tries(path: str | Path) -> list[dict]:
 # --------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------
-def _finite(x: Any) -> float | None:
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
-def _ci(iv) -> list[float | None] | None:
-    if iv is None:
-        return None
-    return [_finite(iv.low), _finite(iv.high)]
-
-
 def _json_key(v: Any) -> str:
     return json.dumps(v, sort_keys=True, default=str)
 
@@ -182,7 +145,7 @@ def _setup_entry(sid: str, recs: Sequence[Mapping]) -> dict:
         "k": k,
         "n": n,
         "rate": (k / n) if n else None,
-        "ci": _ci(ci),
+        "ci": ci_list(ci),
         "flags": _flag_counts(recs),
         "no_flag_failures": sum(1 for r in recs if not bool(r["success"]) and not _flags_of(r)),
     }
@@ -391,12 +354,39 @@ def paired_summary(records_a: Iterable[Mapping], records_b: Iterable[Mapping], *
     oa, ob = paired_outcomes_from_records(fa, fb)
     res = paired_difference(oa, ob, group_of(), n_boot=n_boot, seed=seed)
     d, ci = res["S"]
-    out["S"] = {"diff": _finite(d), "ci": _ci(ci)}
-    out["groups"] = {g: {"diff": _finite(res["groups"].get(g, (None, None))[0]),
-                         "ci": _ci(res["groups"].get(g, (None, None))[1])} for g in GROUPS}
+    out["S"] = {"diff": finite(d), "ci": ci_list(ci)}
+    out["groups"] = {g: {"diff": finite(res["groups"].get(g, (None, None))[0]),
+                         "ci": ci_list(res["groups"].get(g, (None, None))[1])} for g in GROUPS}
     out["complete"] = bool(res["complete"])
     out["missing"] = list(res["missing"])
     if not res["complete"]:
         notes.append(f"S n/a: no shared tries in {', '.join(res['missing'])}")
     out["note"] = "; ".join(notes) or None
+    return out
+
+
+def batch_summary(batches: Sequence[dict]) -> dict[str, Any] | None:
+    """Latency at batch N and throughput over a run's batch records (``batches.jsonl``, written by
+    :func:`eval.rollout.rollout`; None when the run had none)."""
+    if not batches:
+        return None
+    q = np.array([x for b in batches for x in b["query_ms"]], dtype=float)
+    sizes = np.array([x for b in batches for x in b["query_batch"]], dtype=float)
+    wall = sum(b["wall_s"] for b in batches)
+    tries = sum(len(b["tries"]) for b in batches)
+    scene_steps = sum(b["scene_steps"] for b in batches)
+    out = {
+        "num_envs": sorted({b["num_envs"] for b in batches}), "sim": sorted({b["sim"] for b in batches}),
+        "batched_queries": all(b["batched_queries"] for b in batches), "batches": len(batches), "tries": tries,
+        "wall_s": round(wall, 3), "tries_per_s": tries / wall if wall else None,
+        "scene_steps_per_s": scene_steps / wall if wall else None,
+        "host_device_bytes_per_step": float(np.mean([b["host_device_bytes_per_step"] for b in batches])),
+        "image_bytes_per_step": max(b["image_bytes_per_step"] for b in batches),
+        "query_ms": None,
+    }
+    if len(q):
+        out["query_ms"] = {"count": int(len(q)), "mean": float(q.mean()), "p50": float(np.percentile(q, 50)),
+                           "p90": float(np.percentile(q, 90)), "p99": float(np.percentile(q, 99)),
+                           "max": float(q.max()), "mean_batch": float(sizes.mean()),
+                           "ms_per_scene": float((q / sizes).mean())}
     return out

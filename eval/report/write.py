@@ -32,6 +32,7 @@ from eval.report.markdown import render_markdown
 from eval.report.plots import _label, plot_groups, plot_heatmap, plot_latency
 from eval.report.summary import (
     ReportError,
+    batch_summary,
     _split_records,
     _validate,
     build_summary,
@@ -139,10 +140,9 @@ def write_report(tries_paths: Sequence[str | Path], out_dir: str | Path, *, name
         summaries[n].update(extra or {})
         batches_file = p.parent / "batches.jsonl"
         if batches_file.exists():  # a --num-envs run: latency at batch N and throughput (eval.rollout)
-            from eval.rollout import batch_summary
-            from eval.runner import read_records
+            from eval.records import read_tries
 
-            summaries[n]["batch"] = batch_summary(read_records(batches_file))
+            summaries[n]["batch"] = batch_summary(read_tries(batches_file))
         sources[n] = str(p)
 
     paired: dict[str, dict] = {}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from env.arms import ARMS
 from env.setups import GROUPS, SCORED_IDS, difficulty_of, group_of
-from eval.policies import MODELS
+from eval.request import MODEL_CONFIGS
 from eval.site.spec import SPEC_FILE, Spec, SpecError, read_spec, tables
 
 RANGE = r"\d+\.\d \[\d+\.\d, \d+\.\d\]"  # "96.5 [94.0, 98.5]"
@@ -28,7 +28,7 @@ COMPUTED = "computed"  # the label every number computed from published ones car
 class Entry:
     """One published run: a model on an arm, with the spec's numbers as printed."""
     label: str  # as the spec names it: "scripted", "octo-small-1.5", "scripted on xArm6"
-    model: str  # this project's model name (eval.policies.MODELS)
+    model: str  # this project's model name (eval.request.MODEL_CONFIGS)
     arm: str  # env.arms name
     track: str
     S: str | None = None
@@ -88,10 +88,10 @@ def _norm(text: str) -> str:
 
 def _model_of(label: str, path: Path) -> str:
     """This project's model of a published name: the name itself or its released version ("octo-small-1.5")."""
-    for name in MODELS:
+    for name in MODEL_CONFIGS:
         if label == name or label.startswith(name + "-"):
             return name
-    raise SpecError(f"{path}: section 8 names a model {label!r} that eval.policies does not know")
+    raise SpecError(f"{path}: section 8 names a model {label!r} that eval.request does not know")
 
 
 def _arm_of(label: str, path: Path) -> str:
@@ -127,7 +127,7 @@ def read_published(spec: Spec | str | Path = SPEC_FILE) -> Published:
         if label not in entries:
             model = _model_of(label.split(" on ")[0], path)
             arm = arm or (_arm_of(label.split(" on ")[1], path) if " on " in label else default_arm)
-            entries[label] = Entry(label, model, arm, MODELS[model].track)
+            entries[label] = Entry(label, model, arm, MODEL_CONFIGS[model].track)
         return entries[label]
 
     # S

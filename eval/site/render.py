@@ -22,8 +22,9 @@ from eval.report.markdown import _machine_str, _val
 from eval.report.plots import NO_TRIES_COLOUR, SUCCESS_BINS, success_bin
 from eval.report.summary import paired_summary
 from eval.site.published import COMPUTED, Entry, Published, computed_scores, setup_counts
-from eval.site.runs import DEFAULT_ARM, LATENCY_ONLY, SECTION_SHORT, SECTIONS, Run, command_line, device_name, finite, \
+from eval.site.runs import DEFAULT_ARM, LATENCY_ONLY, SECTION_SHORT, SECTIONS, Run, command_line, device_name, \
     leaderboard, package_version, quantile_points
+from eval.stats import finite
 from eval.site.spec import Spec, inline_html, markdown_html, setups_table
 from eval.stats import wilson
 
@@ -735,16 +736,17 @@ def section_paired(runs: Sequence[Run], n_boot: int, seed: int) -> str:
 # --------------------------------------------------------------------------
 def section_models(runs: Sequence[Run], pub: Published) -> str:
     """Every model of the tracks: what it is, how it runs here, its runs here and its published result."""
-    from eval.policies import MODELS
     from eval.remote.profiles import PROFILES
+    from eval.request import MODEL_CONFIGS, RemoteConfig
 
     rows = []
-    names = [m for m in MODELS if m != "remote"] + [p.model for p in pub.entries if p.status]
+    local = [m for m, cls in MODEL_CONFIGS.items() if cls is not RemoteConfig]
+    names = local + [p.model for p in pub.entries if p.status]
     for name in names:
-        spec = MODELS.get(name)
+        spec = MODEL_CONFIGS.get(name) if name in local else None
         prof = PROFILES.get(name)
         track = spec.track if spec else (prof.track if prof else "frozen")
-        what = spec.description if spec else (prof.description if prof else "")
+        what = spec.describe(name) if spec else (prof.description if prof else "")
         how = (f"--model {name}" if spec else
                f"--model remote --profile {name} --server ws://HOST:PORT" if prof else "no adapter here")
         mine = [r for r in runs if r.model == name]

@@ -17,17 +17,15 @@ random-weights run ("latency only" wherever it appears), a full-board run.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from env.setups import DIFFICULTIES, GROUPS, SCORED_IDS
-from eval.report.summary import ReportError, is_random_weights, load_tries
+from eval.report.ranking import (DEFAULT_ARM, LATENCY_ONLY, SCORE_SPLIT, default_weights_sha256,  # noqa: F401
+                                 is_random_weights, run_status, tries_per_setup)
+from eval.report.summary import ReportError, load_tries
 
-LATENCY_ONLY = "latency only: random weights, success meaningless"
-DEFAULT_ARM = "panda"
-SCORE_SPLIT = "test"
 # the page's sections of runs, in the page's order, with their headings
 SECTIONS = {
     "ranked": "Ranked: frozen track (released models, real weights, complete test-split runs)",
@@ -200,67 +198,8 @@ def _name_runs(runs: list[Run]) -> None:
 
 
 # --------------------------------------------------------------------------
-# Ranking rules
+# Sections (the ranking rules: eval.report.ranking)
 # --------------------------------------------------------------------------
-def tries_per_setup(summary: Mapping) -> tuple[int, int, int]:
-    """(fewest tries of any scored setup, the most, setups with no tries)."""
-    ns = [int((e or {}).get("n") or 0) for e in (summary.get("setups") or {}).values()]
-    ns += [0] * (len(SCORED_IDS) - len(ns))
-    return min(ns), max(ns), sum(1 for n in ns if n == 0)
-
-
-def run_status(summary: Mapping, run_json: Mapping | None = None, default_weights: str | None = None) -> dict:
-    """The page's verdict on one run: which section it belongs to and why.
-
-    ``default_weights``: sha256 of the model's committed weights file (None: the model has none); a run
-    with other weights is a variant. Returns {ranked, section (a key of :data:`SECTIONS`), incomplete (the
-    "Incomplete: k of n tries per setup" text or None), latency_only, variant, track, text}.
-    """
-    track = summary.get("track")
-    split = summary.get("split")
-    arm = summary.get("arm") or DEFAULT_ARM
-    random_w = is_random_weights(summary, run_json)
-    k, n, empty = tries_per_setup(summary)
-    planned = (summary.get("run") or {}).get("planned") if isinstance(summary.get("run"), Mapping) else None
-    full_only = not summary.get("n_tries") and bool(summary.get("full_board"))
-    incomplete = None
-    if not full_only and (empty or k < n or summary.get("complete") is False):
-        incomplete = f"Incomplete: {k} of {n} tries per setup"
-        if empty:
-            incomplete += f" ({empty} of {len(SCORED_IDS)} setups without tries)"
-    elif not full_only and isinstance(planned, int) and planned > int(summary.get("n_tries") or 0) + sum(
-            int(e.get("n") or 0) for e in (summary.get("full_board") or {}).values()):
-        incomplete = f"Incomplete: {summary.get('n_tries')} of {planned} planned tries"
-    weights = summary.get("weights_sha256")
-    variant = bool(default_weights and isinstance(weights, str) and weights != default_weights)
-    out = {"ranked": False, "incomplete": incomplete, "latency_only": random_w, "variant": variant, "track": track}
-    if random_w:
-        out.update(section="latency_only", text=f"never ranked: {LATENCY_ONLY}")
-    elif full_only:
-        out.update(section="full_board", text="full-board task only (not in the score)")
-    elif split != SCORE_SPLIT:
-        ran = [sid for sid, e in (summary.get("setups") or {}).items() if (e or {}).get("n")]
-        where = ", ".join(ran) if len(ran) <= 6 else f"{len(ran)} setups"
-        out.update(section="example", text=f"not a result: {summary.get('n_tries')} tries of {where} on the {split} "
-                                           f"split, an example; the leaderboard ranks the {SCORE_SPLIT} split")
-    elif incomplete:
-        out.update(section="incomplete", text=incomplete + "; not ranked")
-    elif arm != DEFAULT_ARM:
-        out.update(section="other_arm", text=f"not ranked: {arm}, a check of the task list (only the "
-                                             f"{DEFAULT_ARM} is scored)")
-    elif variant:
-        out.update(section="variant", text=f"not ranked: other weights (sha256 {weights[:12]}…) than the "
-                                           f"model's committed ones (sha256 {default_weights[:12]}…): not the "
-                                           f"track's recipe")
-    elif track == "frozen":
-        out.update(ranked=True, section="ranked", text="ranked (frozen track)")
-    else:
-        why = {"reference": "reference track", "sanity": "sanity track", "adapted": "adapted track"}.get(
-            str(track), f"track {track}")
-        out.update(section="comparison", text=f"not ranked: {why}, shown for comparison")
-    return out
-
-
 def leaderboard(runs: Sequence[Run]) -> dict[str, list[tuple[int | None, Run]]]:
     """Runs by leaderboard section, best S first; ranked runs get competition ranks (equal S, equal rank)."""
     def key(r: Run):
@@ -276,19 +215,6 @@ def leaderboard(runs: Sequence[Run]) -> dict[str, list[tuple[int | None, Run]]]:
         rank = prev[0] if prev and prev[1].summary.get("S") == r.summary.get("S") else i + 1
         ranked[i] = (rank, r)
     return out
-
-
-def default_weights_sha256(model: str) -> str | None:
-    """sha256 of the weights file a model loads when none is given (None: it has no committed file)."""
-    from eval.policies import MODELS
-
-    spec = MODELS.get(model)
-    if spec is None or spec.weights_sha256 is None:
-        return None
-    try:
-        return spec.weights_sha256()
-    except OSError:  # the committed file is not there (a partial checkout): no run can be told a variant by it
-        return None
 
 
 def package_version(run: Run, name: str) -> str | None:
@@ -348,8 +274,13 @@ def command_line(run: Run) -> str:
     n = max([e.get("n") or 0 for e in (s.get("setups") or {}).values()] +
             [e.get("n") or 0 for e in (s.get("full_board") or {}).values()] + [0])
     parts += ["--setups", sel, "--tries", str(n)]
+    from eval.request import secret_options
+
     opts = rj.get("options") or {}
     for k, v in sorted(opts.items()) if isinstance(opts, Mapping) else ():
+        if k in secret_options():  # an older run.json may hold a token: the page never shows one
+            parts += ["--" + k.replace("_", "-"), "TOKEN"]
+            continue
         flag = "--" + str(k).replace("_", "-")
         if v is True:
             parts.append(flag)
@@ -366,16 +297,6 @@ def command_line(run: Run) -> str:
         parts += ["--executor", str(meta["executor"])]
     parts += ["--out", str(run.folder)]
     return " ".join(parts)
-
-
-def finite(x: Any) -> float | None:
-    if x is None:
-        return None
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
 
 
 __all__ = ["Run", "SiteError", "LATENCY_ONLY", "SECTIONS", "SECTION_SHORT", "DEFAULT_ARM", "SCORE_SPLIT",

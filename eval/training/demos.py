@@ -115,9 +115,9 @@ def _record_setup(job):
     setup = get_setup(setup_id)
     learner = None
     if learner_path:
-        from eval.policies import bc_state_policy
+        from eval.request import make_policy
 
-        learner = bc_state_policy(learner_path, backend="torch")
+        learner = make_policy("bc-state", checkpoint=learner_path, backend="torch")
     recorder = DemoRecorder(setup, noise, learner, beta)
     scenes = Scenes(setup, 1)
     out = []

@@ -1,11 +1,12 @@
-"""Run tries of one model on the shape-assembly scenes and record them.
+"""A run folder: its identity, its one writer, its records.
 
-Every finished try is appended to ``tries.jsonl`` and flushed to disk at once,
-so a killed run loses nothing: started again with the same settings it skips
-the tries already recorded. ``run.json`` in the output folder holds the run's
-settings (and, under ``environment``, the machine and every installed package's version); a second run
-with different settings into the same folder is refused, and so is a second run into a folder another
-process is writing (``RunFolderLock``).
+Every finished try is appended to ``tries.jsonl`` and flushed to disk at once, so a killed run loses nothing:
+started again with the same settings it skips the tries already recorded. ``run.json`` holds the folder's
+identity (the settings that must match to share it), the run's request as resolved
+(:meth:`eval.request.RunRequest.to_json`, under ``request``; credentials only as where they came from) and,
+under ``environment``, the machine and every installed package's version; a second run with other settings
+into the same folder is refused, and so is a second run into a folder another process is writing
+(``RunFolderLock``).
 """
 
 from __future__ import annotations
@@ -14,17 +15,18 @@ import fcntl
 import functools
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from env.predicate import SUCCESS_PREDICATE_VERSION
 from env.setups import Setup
-from eval.policies import SECRET_OPTIONS
 from eval.records import RecordsError, TryRecord, machine_info, read_tries, torn_tail  # noqa: F401 - what runs name
 
 
 @dataclass(frozen=True)
 class RunConfig:
+    """A run folder's identity, made from the run's request (:meth:`of`)."""
+
     model: str
     split: str
     setups: tuple[str, ...]
@@ -33,30 +35,38 @@ class RunConfig:
     arm: str = "panda"
     first_try: int = 0
     tasklist_sha256: str | None = None
-    options: tuple = ()  # model options, as sorted (name, value) pairs
+    options: tuple = ()  # model options, as sorted (name, value) pairs (credentials are not options here)
     sim: str = "cpu"  # physics: cpu (PhysX on the CPU, one scene or a batch) or gpu (GPU PhysX, eval.rollout)
     # of the weights file the model options select, where the model has one: a run resumed after the
     # weights changed would otherwise mix two policies' tries in one file
     weights_sha256: str | None = None
     predicate: int = SUCCESS_PREDICATE_VERSION  # the success predicate the tries are scored with
-    # where each credential came from ({"token": "--token" | "$SAB_REMOTE_TOKEN"}): written instead of its value
-    credentials: tuple = ()
+    runtime: tuple = ()  # (backend, precision) the model runs on; () for models that run in Python
+    request: dict = field(default_factory=dict, compare=False)  # the resolved request, as run.json keeps it
 
     def __post_init__(self):
         object.__setattr__(self, "options", tuple(tuple(o) for o in self.options))
-        object.__setattr__(self, "credentials", tuple(tuple(c) for c in self.credentials))
+
+    @classmethod
+    def of(cls, request, out: str | Path, tasklist_sha256: str | None) -> "RunConfig":
+        m = request.model
+        runtime = (m.backend, m.precision) if m.runtime is not None else ()
+        return cls(model=m.name, split=request.split, setups=tuple(s.id for s in request.setups),
+                   tries=request.tries, out=str(out), arm=request.arm, tasklist_sha256=tasklist_sha256,
+                   options=tuple(sorted(request.options().items())), sim=request.sim,
+                   weights_sha256=m.config.weights_sha256(), runtime=runtime, request=request.to_json())
 
     def identity(self) -> dict:
         """Settings that must match for two runs to share an output folder (credentials are not settings:
         their values are never written, and a new token does not make another run)."""
-        d = asdict(self)
-        for k in ("out", "tries", "setups", "first_try", "credentials"):
-            d.pop(k)
-        d["options"] = {k: v for k, v in self.options if k not in SECRET_OPTIONS}
-        if self.sim == "cpu":  # CPU physics gives the same tries batched or not (tested): older runs match
-            d.pop("sim")
-        if self.weights_sha256 is None:  # models without a weights file: older runs match
-            d.pop("weights_sha256")
+        d = {"model": self.model, "split": self.split, "arm": self.arm, "tasklist_sha256": self.tasklist_sha256,
+             "options": {k: v for k, v in self.options}, "predicate": self.predicate}
+        if self.sim != "cpu":  # CPU physics gives the same tries batched or not (tested): older runs match
+            d["sim"] = self.sim
+        if self.weights_sha256 is not None:  # models without a weights file: older runs match
+            d["weights_sha256"] = self.weights_sha256
+        if self.runtime:
+            d["runtime"] = {"backend": self.runtime[0], "precision": self.runtime[1]}
         return d
 
 
@@ -193,26 +203,31 @@ def _resume_state(cfg: RunConfig, out: Path, fresh: bool) -> set[tuple[str, int]
             previous = json.loads(run_file.read_text())
         except ValueError:
             raise RunMismatchError(f"{run_file} is not JSON: use another --out, or --fresh to start over") from None
-        previous.pop("environment", None)
-        previous.pop("credentials", None)
+        for key in ("environment", "credentials", "request"):  # described, not compared
+            previous.pop(key, None)
         if isinstance(previous.get("options"), dict):  # folders written before credentials were kept apart
-            previous["options"] = {k: v for k, v in previous["options"].items() if k not in SECRET_OPTIONS}
+            from eval.request import secret_options
+
+            previous["options"] = {k: v for k, v in previous["options"].items() if k not in secret_options()}
+        identity = cfg.identity()
+        if "runtime" not in previous:  # folders written before the runtime was part of a folder's identity
+            identity.pop("runtime", None)
         old_predicate = previous.get("predicate", 1)  # run folders from before predicate versions are v1
         if old_predicate != cfg.predicate:
             raise RunMismatchError(
                 f"{out} holds tries scored with success predicate v{old_predicate}, this release scores "
                 f"v{cfg.predicate} (docs/BENCHMARK.md section 1): use another --out, or --fresh to start over")
-        if previous != cfg.identity():
-            diff = {k: (previous.get(k), v) for k, v in cfg.identity().items() if previous.get(k) != v}
+        if previous != identity:
+            diff = {k: (previous.get(k), v) for k, v in identity.items() if previous.get(k) != v}
             raise RunMismatchError(
                 f"{out} holds a run with other settings {diff}; use another --out or --fresh to start over"
             )
     else:
         tmp = run_file.with_suffix(".json.tmp")
         try:
-            written = {**cfg.identity(), "environment": environment_info()}
-            if cfg.credentials:
-                written["credentials"] = {k: f"set (from {source})" for k, source in cfg.credentials}
+            written = {**cfg.identity(), "request": cfg.request, "environment": environment_info()}
+            if cfg.request.get("credentials"):
+                written["credentials"] = cfg.request["credentials"]
             tmp.write_text(json.dumps(written, indent=1, sort_keys=True) + "\n")
             os.replace(tmp, run_file)
         except OSError as e:
