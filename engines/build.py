@@ -2,15 +2,20 @@
 
     python -m engines.build            # what `make engines` runs
     python -m engines.build --precisions fp32,fp16 --batch-max 8
-    python -m engines.build --models octo-small --checkpoint-octo-small ~/octo-small-1.5
+    python -m engines.build --models octo-small --checkpoint-octo-small ~/octo-small-1.5   # a local copy
+    python -m engines.build --models octo-small --random-weights   # latency only
     python -m engines.build --models octo-small --onnx-from DIR   # a Jetson: engines from graphs made on x86
     python -m engines.build --models bc-state --ort-precisions fp32  # no INT8 graphs
 
 Prints a table of what was built, where, and why anything was skipped.
 Outputs go to build/engines/ (ignored by git). Octo (octo-small, octo-base) is
-exported from a checkpoint when one is given (--checkpoint-octo-small DIR),
-else from seeded random weights of the exact architecture, marked latency-only
-in the table and in the ONNX metadata. Nothing is downloaded. ``--onnx-from DIR`` takes Octo's two graphs
+exported from its released weights (:mod:`engines.hub`: the Hugging Face cache, or
+downloaded into it), or from the folder given (--checkpoint-octo-small DIR), and the
+table names the repo and commit they came from. When they cannot be had the build
+stops before anything is built, in one line naming the repo, the files, the cache
+folder and the flag. Seeded random weights of the exact architecture only with
+--random-weights, marked "random weights (latency only)" on every row and in the
+ONNX metadata. ``--onnx-from DIR`` takes Octo's two graphs
 exported elsewhere (``<model>_backbone.onnx``, ``<model>_sampler.onnx``, e.g. from an x86 machine with JAX)
 instead of exporting them, so that a machine without JAX (the Jetson image) builds their TensorRT engines.
 
@@ -27,6 +32,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from engines.octo.config import RANDOM_WEIGHTS_LABEL
 from engines.octo.export import BUILD_DIR as OUT  # build/engines of this checkout
 
 
@@ -50,24 +56,37 @@ def _octo_onnx(model: str):
 
         for module in ("jax", "jax2onnx", "onnx"):
             require(module, "jax" if module == "jax" else "export")
-        from engines.octo.checkpoint import load, resolve
+        from engines.octo.checkpoint import load
         from engines.octo.config import PRESETS
-        from engines.octo.export import export_octo, file_stem
+        from engines.octo.export import export_octo, file_stem, source_files
         from engines.octo.params import init_params
 
-        checkpoint = getattr(args, f"checkpoint_{model.replace('-', '_')}")
-        if checkpoint:  # a given checkpoint must load; its errors are one line
-            c = load(resolve(model, checkpoint), model=model, expect=PRESETS[model]())
-            cfg, params, source, random = c.config, c.params, c.identity, False
+        files = args.octo_weights.get(model)  # resolved before anything was built (main)
+        if files is not None:  # its errors are one line
+            c = load(files.folder, model=model, expect=PRESETS[model]())
+            cfg, params, source = c.config, c.params, f"{files.where}@{c.step}"
         else:
             cfg = PRESETS[model]()
             params = init_params(cfg, args.seed, with_t5=False)
-            source, random = f"random-weights:{model}:seed{args.seed}", True
-        onnx = export_octo(cfg, params, out, file_stem(model), source=source, random_weights=random, progress=True)
-        note = " (random weights: latency only)" if random else ""
-        return [("onnx backbone", onnx.backbone, note), ("onnx sampler", onnx.sampler, note)]
+            source = f"random-weights:{model}:seed{args.seed}"
+        onnx = export_octo(cfg, params, out, file_stem(model), source=source, random_weights=files is None,
+                           progress=True, weights=source_files(files))
+        return [("onnx backbone", onnx.backbone, ""), ("onnx sampler", onnx.sampler, "")]
 
     return export
+
+
+def _octo_weights(models: list[str], args) -> dict:
+    """The released weights (or --checkpoint-<model> DIR) of each Octo model to export, resolved before anything
+    is built: cache, else download; one-line errors (engines.hub) with the flag to point at a copy."""
+    from engines.optional import require
+
+    require("jax", "jax")
+    from engines.octo.checkpoint import RANDOM_FLAG, resolve
+
+    return {m: resolve(m, getattr(args, f"checkpoint_{m.replace('-', '_')}"), local_flag=f"--checkpoint-{m} DIR",
+                       also=RANDOM_FLAG)
+            for m in models}
 
 
 def _octo_exported(model: str, folder: Path) -> list[tuple[str, Path, str]]:
@@ -86,8 +105,8 @@ def _octo_exported(model: str, folder: Path) -> list[tuple[str, Path, str]]:
         if meta.get("format") != EXPORT_FORMAT:
             raise ValueError(f"{path} is not this project's export ({meta.get('format')!r}, expected {EXPORT_FORMAT!r})"
                              "; export it again with python -m engines.build")
-        note = " (random weights: latency only)" if meta.get("latency_only") == "true" else ""
-        rows.append((f"onnx {part}", path, f"{note} (exported elsewhere)"))
+        note = f"; {RANDOM_WEIGHTS_LABEL}" if meta.get("latency_only") == "true" else ""
+        rows.append((f"onnx {part}", path, f" (exported elsewhere){note}"))
     return rows
 
 
@@ -155,9 +174,12 @@ def main(argv=None) -> int:
     p.add_argument("--ort-precisions", default=",".join(ORT_PRECISIONS), help="ONNX Runtime graphs: fp32 (the "
                    "export), int8 (its Q/DQ copy, calibrated on dev tries), bf16 (listed as skipped: no CPU kernels)")
     p.add_argument("--batch-max", type=int, default=1, help="largest batch of the optimisation profile")
-    p.add_argument("--checkpoint-octo-small", metavar="DIR", help="octo-small-1.5 checkpoint (default: random "
-                   "weights, latency only)")
-    p.add_argument("--checkpoint-octo-base", metavar="DIR", help="octo-base-1.5 checkpoint (default: random weights)")
+    p.add_argument("--checkpoint-octo-small", metavar="DIR", help="a local copy of octo-small-1.5 (default: the "
+                   "released weights, from the Hugging Face cache or downloaded into it)")
+    p.add_argument("--checkpoint-octo-base", metavar="DIR", help="a local copy of octo-base-1.5 (default: the "
+                   "released weights)")
+    p.add_argument("--random-weights", action="store_true", help="Octo from seeded random weights of the exact "
+                   "architecture: latency only, success meaningless")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--onnx-from", metavar="DIR", help="Octo's graphs exported elsewhere (<model>_backbone.onnx, "
                    "<model>_sampler.onnx): build their engines without JAX")
@@ -183,9 +205,29 @@ def main(argv=None) -> int:
         print(f"error: unknown ONNX Runtime precision {', '.join(bad)}; valid: {', '.join(ORT_PRECISIONS)}",
               file=sys.stderr)
         return 2
+    octo = [m for m in models if m in ("octo-small", "octo-base")]
+    if args.random_weights and any(getattr(args, f"checkpoint_{m.replace('-', '_')}") for m in octo):
+        print("error: --random-weights excludes --checkpoint-octo-small/--checkpoint-octo-base", file=sys.stderr)
+        return 2
+    args.octo_weights = {}
+    rows = []
+    if octo and not args.random_weights and not args.onnx_from:
+        from engines.hub import HubError
+        from engines.octo.errors import OctoError
+        from engines.optional import MissingDependencyError
+
+        try:
+            args.octo_weights = _octo_weights(octo, args)
+        except (HubError, OctoError, MissingDependencyError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        rows += [(m, "weights", "resolved", f.where + (f" in {f.folder}" if f.repo else ""))
+                 for m, f in args.octo_weights.items()]
+    elif octo and args.random_weights:
+        rows += [(m, "weights", "random", f"seed {args.seed}") for m in octo]
+    random_models = set(octo) if args.random_weights else set()  # every row of theirs says so
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
     reason = trt.unavailable_reason()
     for name in models:
         try:
@@ -196,6 +238,8 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - reported in the table, the run goes on
             rows.append((name, "onnx", "failed", (str(e).strip().splitlines() or [type(e).__name__])[0]))
             continue
+        if any(RANDOM_WEIGHTS_LABEL in note for *_, note in built):
+            random_models.add(name)
         for artifact, path, note in built:
             rows.append((name, artifact, "built", f"{path}{note}"))
         if "int8" in ort_precisions:
@@ -226,7 +270,9 @@ def main(argv=None) -> int:
     width = [max(len(r[i]) for r in rows + [("model", "artifact", "status", "where / why")]) for i in range(3)]
     print(f"{'model':<{width[0]}}  {'artifact':<{width[1]}}  {'status':<{width[2]}}  where / why")
     for r in rows:
-        print(f"{r[0]:<{width[0]}}  {r[1]:<{width[1]}}  {r[2]:<{width[2]}}  {r[3]}")
+        marked = r[0] in random_models and r[2] in ("built", "random") and RANDOM_WEIGHTS_LABEL not in r[3]
+        note = f"; {RANDOM_WEIGHTS_LABEL}" if marked else ""
+        print(f"{r[0]:<{width[0]}}  {r[1]:<{width[1]}}  {r[2]:<{width[2]}}  {r[3]}{note}")
     return 1 if any(r[2] == "failed" for r in rows) else 0
 
 

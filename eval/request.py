@@ -12,7 +12,8 @@ worker never looks a model, a setup or a backend up by name again.
 The command lines of ``eval.run``, ``eval.orin`` and ``eval.serve`` are generated from the same fields
 (:func:`add_model_arguments`), so an option exists everywhere it applies; ``run.json`` keeps the request
 (:meth:`RunRequest.to_json`, credentials as where they came from, never their values) and every try record its
-identity (:meth:`RunRequest.identity`: model, track, backend, precision, weights digest, profile).
+identity (:meth:`RunRequest.identity`: model, track, backend, precision, profile, and the released files the model
+loaded: repo, commit and each file's sha256).
 """
 
 from __future__ import annotations
@@ -87,6 +88,11 @@ class ModelConfig:
         """Of the weights file the options select, where the model has one (the run's identity)."""
         return None
 
+    def weights(self) -> dict | None:
+        """The released files the model loads, once :meth:`check` resolved them: repo, commit (revision) and
+        each file's sha256 (the run's identity: run.json and every record)."""
+        return None
+
     def policy(self, runtime=None, setup: Setup | None = None, arm: str = "panda", **build) -> Policy:
         raise NotImplementedError
 
@@ -150,8 +156,12 @@ def _check_backend_options(backend: str | None, precision: str | None) -> None:
 @register_model("octo-small", "octo-base")
 @dataclass(frozen=True)
 class OctoConfig(ModelConfig):
-    checkpoint: str | None = option(help="checkpoint: Octo a checkpoint folder in the released layout; bc-state a "
-                                         "weights file", metavar="PATH")
+    checkpoint: str | None = option(help="checkpoint: Octo a folder in the released layout or a Hub repo "
+                                         "hf://ORG/NAME (default: the model's released repo, from the Hugging Face "
+                                         "cache or downloaded into it); bc-state a weights file",
+                                    metavar="DIR|hf://ORG/NAME")
+    revision: str | None = option(help="Octo: the Hub revision of the weights, a branch, tag or commit (default "
+                                       "main); what ran is recorded as its commit", metavar="REV")
     random_weights: bool = option(False, help="the exact architecture with seeded random weights: latency only, "
                                               "success meaningless")
     exec_horizon: int | None = option(help="actions executed per query from a predicted chunk", metavar="K")
@@ -170,15 +180,27 @@ class OctoConfig(ModelConfig):
     family: ClassVar[str | None] = "octo"
 
     def __post_init__(self):
-        from engines.octo.config import PRESETS
-
         _check_backend_options(self.backend, self.precision)
-        horizon = PRESETS[self.name]().action_horizon
-        if self.exec_horizon is not None and not 1 <= self.exec_horizon <= horizon:
-            raise ValueError(f"--exec-horizon must be 1..{horizon} (the actions {self.name} predicts per query), "
-                             f"got {self.exec_horizon}")
+        if self.random_weights and (self.checkpoint or self.revision):
+            raise ValueError("--random-weights excludes --checkpoint and --revision")
+        if self.checkpoint:
+            from engines.hub import parse_repo
+
+            parse_repo(self.checkpoint)  # hf://ORG/NAME or a folder; a malformed repo is one line now
         if self.goal_image not in (None, "solved"):  # workers (and Ray actors) read it by absolute path
             object.__setattr__(self, "goal_image", str(Path(self.goal_image).expanduser().resolve()))
+        self._check_horizon(self._horizon())
+
+    def _horizon(self) -> int | None:
+        """Actions the model predicts per query (None: known once its checkpoint is read)."""
+        from engines.octo.config import PRESETS
+
+        return PRESETS[self.name]().action_horizon
+
+    def _check_horizon(self, horizon: int | None) -> None:
+        if horizon is not None and self.exec_horizon is not None and not 1 <= self.exec_horizon <= horizon:
+            raise ValueError(f"--exec-horizon must be 1..{horizon} (the actions {self.name} predicts per query), "
+                             f"got {self.exec_horizon}")
 
     @classmethod
     def describe(cls, name: str) -> str:
@@ -191,9 +213,22 @@ class OctoConfig(ModelConfig):
 
             read_goal_image(self.goal_image)  # a missing or unreadable file: one line (GoalImageError, a ValueError)
         if not self.random_weights:
-            from engines.octo.checkpoint import resolve
+            from engines.octo.checkpoint import resolve_weights
 
-            resolve(self.name, self.checkpoint)  # the folder exists, or the HF cache has it: else one line of advice
+            # the folder, or the Hub repo's files from the cache or downloaded, checked against the Hub's record of
+            # them (and of the model's size), and the tokenizer: resolved once here; every worker loads these files
+            object.__setattr__(self, "_weights", resolve_weights(self.name, self.checkpoint, self.revision))
+
+    def _resolved(self):
+        return getattr(self, "_weights", None)
+
+    def weights_sha256(self) -> str | None:
+        w = self._resolved()
+        return w.sha256 if w is not None else None
+
+    def weights(self) -> dict | None:
+        w = self._resolved()
+        return w.to_json() if w is not None else None
 
     def policy(self, runtime=None, setup=None, arm="panda", engine=None, seed: int = 0, check_size: bool = True,
                unnorm_key: str | None = None, **build):
@@ -211,13 +246,47 @@ class OctoConfig(ModelConfig):
         goal = resolve_goal(self.goal_image, setup, arm)  # a bad file: one line, before loading
         if engine is None:
             engine = get_engine(self.name, checkpoint=self.checkpoint, random_weights=self.random_weights, seed=seed,
-                                check_size=check_size)
+                                check_size=check_size, revision=self.revision, weights=self._resolved())
         try:
             runner = model_runner(self.name, runtime, engine=engine)
         except BackendUnavailable as e:
             raise OctoError(str(e)) from None
         return OctoPolicy(engine, runner, name=self.name, exec_horizon=self.exec_horizon,
                           temporal_ensembling=self.temporal_ensembling, unnorm_key=unnorm_key, goal=goal)
+
+
+@register_model("octo")
+@dataclass(frozen=True)
+class OctoCheckpointConfig(OctoConfig):
+    """Any Octo checkpoint in the released layout (a fine-tuned one, another size): its architecture is its own
+    config.json's. Not a released model of the frozen track, so never ranked."""
+
+    track: ClassVar[str] = "adapted"
+
+    def __post_init__(self):
+        if not self.checkpoint:
+            raise ValueError(f"--model {self.name} needs --checkpoint DIR or hf://ORG/NAME (an Octo checkpoint in the "
+                             f"released layout, of any size); the released models are octo-small and octo-base")
+        if self.random_weights:
+            raise ValueError(f"--model {self.name} takes its architecture from --checkpoint; random weights need "
+                             f"octo-small or octo-base")
+        super().__post_init__()
+
+    def _horizon(self) -> int | None:
+        w = self._resolved()
+        if w is None:
+            return None
+        from engines.octo.checkpoint import read_config
+
+        return read_config(w.checkpoint.folder, self.name)[0].action_horizon
+
+    @classmethod
+    def describe(cls, name: str) -> str:
+        return "an Octo checkpoint of any size (--checkpoint DIR or hf://ORG/NAME): fine-tuned or other, not ranked"
+
+    def check(self, runtime) -> None:
+        super().check(runtime)
+        self._check_horizon(self._horizon())
 
 
 @register_model("bc-state")
@@ -446,12 +515,16 @@ class RunRequest:
         return self.model.config.observes
 
     def identity(self) -> dict[str, Any]:
-        """What every try record carries of the run: model, track, arm, backend, precision, profile."""
+        """What every try record carries of the run: model, track, arm, backend, precision, profile, and the
+        released files the model loaded (``weights``: repo, commit, each file's sha256)."""
         out = {"model": self.model.name, "track": self.track, "arm": self.arm, "backend": self.model.backend}
         if self.model.precision is not None:
             out["precision"] = self.model.precision
         if self.model.config.profile_name:
             out["profile"] = self.model.config.profile_name
+        weights = self.model.config.weights()
+        if weights is not None:
+            out["weights"] = weights
         return out
 
     def options(self) -> dict[str, Any]:
@@ -480,6 +553,9 @@ class RunRequest:
             out["precision"] = self.model.precision
         if self.model.config.profile_name:
             out["profile"] = self.model.config.profile_name
+        weights = self.model.config.weights()
+        if weights is not None:
+            out["weights"] = weights
         creds = self.model.config.credentials()
         if creds:
             out["credentials"] = {k: f"set (from {v})" for k, v in creds.items()}

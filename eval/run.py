@@ -234,6 +234,8 @@ def _execute(request: RunRequest, settings: ExecutorSettings, tasklist, cfg, out
     from eval.executors import STEP_TIMEOUT_S, Job, WorkerError, make_executor
     from eval.run_folder import TryLog, hang_record, planned_tries, read_records
 
+    from engines.octo.config import RANDOM_WEIGHTS_LABEL
+
     name, identity = request.model.name, request.identity()
     random_weights = bool(request.model.config.options().get("random_weights"))
     plan = planned_tries(cfg)
@@ -265,7 +267,7 @@ def _execute(request: RunRequest, settings: ExecutorSettings, tasklist, cfg, out
         signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops like Ctrl-C: workers closed, tries kept
         successes = n_new = 0
         if random_weights:
-            print(f"{name} with random weights: latency only, success meaningless", file=sys.stderr)
+            print(f"{name} with {RANDOM_WEIGHTS_LABEL}: success meaningless", file=sys.stderr)
         bar = tqdm(total=len(plan), initial=len(plan) - n_todo, unit="try", desc=name, smoothing=0.05)
         failure = None
         try:
@@ -317,7 +319,7 @@ def _execute(request: RunRequest, settings: ExecutorSettings, tasklist, cfg, out
         hung_txt = (f"; {sum(hung.values())} tries did not finish ("
                     + ", ".join(f"{flag} {hung[flag]}" for flag in UNFINISHED_FLAGS if hung[flag])
                     + "): a hung policy or simulator, see the flags in REPORT.md")
-    random_txt = " (random weights: latency only, success meaningless)" if random_weights else ""
+    random_txt = f" ({RANDOM_WEIGHTS_LABEL}, success meaningless)" if random_weights else ""
     print(f"{name}{random_txt} on {request.split} ({len(scored)} scored setups): {k}/{n} successes, {s_txt}; "
           f"report in {out / 'REPORT.md'}{hung_txt}")
     return RunOutcome(EXIT_HUNG if hung else 0, summary, request)

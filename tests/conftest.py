@@ -9,3 +9,9 @@ if str(REPO_ROOT) not in sys.path:
 
 # Tests never open windows.
 os.environ.setdefault("MPLBACKEND", "Agg")
+
+# No test reaches the real Hugging Face Hub, whatever the machine has: huggingface_hub (and engines.hub) make no
+# request in offline mode, and an endpoint nobody listens on is refused at once. tests/test_hub.py runs its
+# subprocesses against its own local hub (tests/hub_stub.py) with these overridden.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"

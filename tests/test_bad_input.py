@@ -301,7 +301,8 @@ def test_octo_without_weights_says_how_to_get_them_before_any_scene(tmp_path):
                           text=True, timeout=300, env=env)
     assert proc.returncode == 2
     line = _error_line(proc)
-    assert "--random-weights" in line and "--checkpoint" in line and "huggingface-cli download" in line
+    assert "--random-weights" in line and "--checkpoint DIR" in line and "rail-berkeley/octo-small-1.5" in line
+    assert str(tmp_path / "hf" / "hub") in line  # the cache folder it looked in
     assert "mani_skill" not in proc.stderr and not (tmp_path / "run" / "run.json").exists()
 
 

@@ -15,6 +15,7 @@ from engines.octo.engine import RANDOM_WEIGHTS_NOTE, OctoEngine, synthetic_stati
 from engines.octo.errors import OctoCheckpointError, OctoError, OctoTokenizerError  # noqa: E402
 from engines.octo.params import init_params  # noqa: E402
 from engines.octo.testing import tiny_config, tiny_statistics, train_spiece  # noqa: E402
+from engines.hub import WeightsUnavailable  # noqa: E402
 from engines.octo.text import HashTokenizer, T5Tokenizer, make_tokenizer  # noqa: E402
 from eval.request import MODEL_CONFIGS, make_policy, model_config  # noqa: E402
 from eval.policies.octo import (  # noqa: E402
@@ -176,7 +177,10 @@ def test_policy_exec_horizon_and_temporal_ensembling(tiny_ckpt, policy):
 
 
 def test_random_weights_note_and_tokenizer_fallback(no_local_files):
-    tok = make_tokenizer(None, 16, 32128, random_weights=True)
+    from engines.octo.text import random_weights_spiece
+
+    assert random_weights_spiece() is None  # nothing local, nothing downloaded
+    tok = make_tokenizer(None, 16, 32128)
     assert isinstance(tok, HashTokenizer)
     ids, mask = tok(INSTRUCTION)
     ids2, _ = tok(INSTRUCTION)
@@ -194,29 +198,36 @@ def test_random_weights_note_and_tokenizer_fallback(no_local_files):
 def test_real_checkpoint_needs_the_t5_tokenizer(no_local_files, tmp_path):
     cfg = tiny_config()
     path = ckpt.save(tmp_path / "c", cfg, init_params(cfg, seed=2, with_t5=True), tiny_statistics())
-    with pytest.raises(OctoTokenizerError) as e:
+    with pytest.raises(WeightsUnavailable) as e:
         OctoEngine.load("octo-small", checkpoint=path, check_size=False)
     msg = str(e.value)
-    assert "spiece.model" in msg and str(path / "t5-base") in msg and "\n" not in msg
+    assert "google-t5/t5-base (spiece.model)" in msg and str(path / "t5-base" / "spiece.model") in msg
+    assert "$OCTO_T5_TOKENIZER" in msg and "\n" not in msg
+    with pytest.raises(OctoTokenizerError, match="no t5-base spiece.model there"):
+        OctoEngine.load("octo-small", checkpoint=path, check_size=False, spiece=tmp_path / "nowhere.model")
 
 
 def test_missing_checkpoint_is_one_line(no_local_files):
-    with pytest.raises(OctoCheckpointError) as e:
+    with pytest.raises(WeightsUnavailable) as e:
         make_policy("octo-small")
     msg = str(e.value)
-    assert "\n" not in msg and "huggingface-cli download rail-berkeley/octo-small-1.5" in msg
+    assert "\n" not in msg and "rail-berkeley/octo-small-1.5" in msg and "--checkpoint DIR" in msg
+    assert "HF_HUB_OFFLINE is set" in msg  # conftest: no test reaches the Hub
     with pytest.raises(OctoCheckpointError, match="does not exist"):
         make_policy("octo-base", checkpoint="/nonexistent/octo")
 
 
-def test_checkpoint_found_in_the_hugging_face_cache(no_local_files, tmp_path, tiny_ckpt):
+def test_checkpoint_found_in_the_hugging_face_cache(no_local_files, tmp_path, tiny_ckpt, monkeypatch):
     import shutil
+
+    monkeypatch.setenv("OCTO_T5_TOKENIZER", str(tiny_ckpt / "t5-base"))
 
     snap = tmp_path / "hf" / "hub" / "models--rail-berkeley--octo-small-1.5" / "snapshots" / "abc123"
     shutil.copytree(tiny_ckpt, snap)
     (snap.parent.parent / "refs").mkdir()
     (snap.parent.parent / "refs" / "main").write_text("abc123")
-    assert ckpt.resolve("octo-small", None) == snap
+    files = ckpt.resolve("octo-small", None)
+    assert files.folder == snap and files.repo == "rail-berkeley/octo-small-1.5" and files.revision == "abc123"
     with pytest.raises(OctoCheckpointError, match="is not octo-small"):  # tiny sizes: refused by the size check
         OctoEngine.load("octo-small")
 
@@ -226,7 +237,8 @@ def test_model_table_rows():
         config = model_config(name)
         assert config.track == "frozen" and config.observes == "cameras"
         assert {f.name for f in MODEL_CONFIGS[name].option_fields()} == {
-            "checkpoint", "random_weights", "exec_horizon", "temporal_ensembling", "backend", "goal_image", "precision"}
+            "checkpoint", "revision", "random_weights", "exec_horizon", "temporal_ensembling", "backend", "goal_image",
+            "precision"}
 
 
 def test_instruction_cache_memory_and_folder(tmp_path):

@@ -8,10 +8,11 @@ Modules:
   ``make_denoise_step``, ``make_sampler`` (noise given as arrays), ``noise_from_rng``, ``unnormalize``;
 - :mod:`~engines.octo.t5`: the t5-base encoder from the checkpoint's own weights;
 - :mod:`~engines.octo.params`: seeded random init of the exact tree, shapes, counts;
-- :mod:`~engines.octo.checkpoint`: find (``--checkpoint`` or the HF cache), read (single-file msgpack or orbax
-  folder), check (one-line errors) and write checkpoints in the released layout;
-- :mod:`~engines.octo.text`: t5 tokenisation from local ``spiece.model``, the random-weights fallback, the
-  instruction-embedding cache;
+- :mod:`~engines.octo.checkpoint`: resolve (``--checkpoint DIR``, else the Hub repo through :mod:`engines.hub`:
+  the Hugging Face cache or a download), read (single-file msgpack or orbax folder), check (one-line errors) and
+  write checkpoints in the released layout;
+- :mod:`~engines.octo.text`: t5 tokenisation from t5-base's ``spiece.model`` (resolved the same way), the
+  random-weights fallback, the instruction-embedding cache;
 - :mod:`~engines.octo.engine`: :class:`OctoEngine`, everything above behind ``embed`` / ``predict``.
 
 Errors (:class:`OctoError` and subclasses) carry one-line messages.

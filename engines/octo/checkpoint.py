@@ -19,8 +19,13 @@ The parameters are read from either form:
 
 The newest step is used unless a step is given. Every parameter is checked
 against the architecture of ``config.json``: the first missing, unexpected or
-mis-shaped parameter is reported in one line (name, expected and found shape),
-with how to get the files. Nothing is ever downloaded.
+mis-shaped parameter is reported in one line (name, expected and found shape).
+
+Where the files come from is :func:`resolve_weights`: ``--checkpoint DIR`` (a
+folder in this layout), else a Hub repo (``--checkpoint hf://ORG/NAME``, or the
+model's released one) through :mod:`engines.hub` (the Hugging Face cache, or a
+download of only the files above and the newest step's folder), together with
+t5-base's tokenizer (:func:`engines.octo.text.resolve_spiece`).
 """
 
 from __future__ import annotations
@@ -28,24 +33,27 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from engines import hub
 from engines.octo.config import HF_REPOS, OctoConfig, config_from_release, release_config_dict
 from engines.octo.errors import OctoCheckpointError
 from engines.octo.params import flatten, param_shapes
-from engines.octo.text import hf_snapshots
 from engines.optional import require
 
 REQUIRED_FILES = ("config.json", "dataset_statistics.json", "example_batch.msgpack")
+COMMIT_MARKER = "commit_success.txt"  # orbax's mark of a finished save, read by no loader
+RELEASE_FILES = ", ".join(REQUIRED_FILES) + " and the newest <step>/ folder"
+RANDOM_FLAG = ", or --random-weights for latency only"
 
 
 def get_hint(model: str | None) -> str:
+    """What to do about a checkpoint that cannot be used."""
     repo = HF_REPOS.get(model or "", "rail-berkeley/octo-small-1.5 (or octo-base-1.5)")
-    return (f"get the files with `huggingface-cli download {repo}` and its tokenizer with `huggingface-cli download "
-            f"google-t5/t5-base spiece.model` on a machine with internet, then pass --checkpoint DIR (the downloaded "
-            f"folder, spiece.model beside it) or copy both into the Hugging Face cache here")
+    return (f"the released files are {repo} on the Hugging Face Hub (fetched into its cache when no --checkpoint is "
+            f"given); --checkpoint DIR takes a folder with {RELEASE_FILES}")
 
 
 @dataclass
@@ -63,25 +71,104 @@ class Checkpoint:
         return f"{self.path.resolve()}@{self.step}"
 
 
-def find_hf_checkpoint(model: str) -> Path | None:
-    """The local Hugging Face cache snapshot of the released model, if one holds a config.json."""
-    repo = HF_REPOS[model]
-    return next((s for s in hf_snapshots(repo) if (s / "config.json").is_file()), None)
+def release_files(paths: Sequence[str]) -> list[str]:
+    """The files of a checkpoint in the released layout the loader reads, of a repo's (or folder's) ``paths``:
+    the three at the top and every file of the newest step's folder but orbax's commit markers
+    (:class:`engines.hub.LayoutError` when any is missing)."""
+    have = set(paths)
+    missing = [f for f in REQUIRED_FILES if f not in have]
+    if missing:
+        raise hub.LayoutError(f"not an Octo checkpoint in the released layout: no {', '.join(missing)}")
+    steps = sorted({int(p.split("/", 1)[0]) for p in paths if p.split("/", 1)[0].isdigit() and "/" in p})
+    if not steps:
+        raise hub.LayoutError("not an Octo checkpoint in the released layout: no <step>/ folder with the parameters")
+    return list(REQUIRED_FILES) + sorted(p for p in paths if p.startswith(f"{steps[-1]}/")
+                                         and not p.endswith(COMMIT_MARKER))
 
 
-def resolve(model: str, checkpoint: str | Path | None) -> Path:
-    """The checkpoint folder: ``checkpoint`` when given, else the HF cache; a one-line error otherwise."""
+def checkpoint_repo(model: str, checkpoint: str | Path | None) -> str | None:
+    """The Hub repo the checkpoint comes from (``hf://ORG/NAME``, or the model's released one when none is
+    given), or None for a folder."""
     if checkpoint:
-        p = Path(checkpoint).expanduser()
+        return hub.parse_repo(str(checkpoint))
+    if model not in HF_REPOS:
+        raise OctoCheckpointError(f"--model {model} needs --checkpoint DIR or hf://ORG/NAME (an Octo checkpoint in "
+                                  f"the released layout); the released models are {', '.join(HF_REPOS)}")
+    return HF_REPOS[model]
+
+
+def resolve(model: str, checkpoint: str | Path | None, revision: str | None = None,
+            local_flag: str = "--checkpoint DIR", also: str = RANDOM_FLAG) -> hub.Files:
+    """The checkpoint's files: ``checkpoint`` a folder, else its Hub repo (the cache, or a download); one-line
+    errors (:class:`engines.hub.HubError` and kinds). ``local_flag``, ``also``: what the error offers instead."""
+    repo = checkpoint_repo(model, checkpoint)
+    if repo is None:
+        if revision:
+            raise OctoCheckpointError(f"--revision names a commit of a Hub repo; {checkpoint} is a folder")
+        p = Path(checkpoint).expanduser().absolute()  # workers, and the records, name it wherever they run
         if not p.is_dir():
             raise OctoCheckpointError(f"checkpoint folder {p} does not exist; {get_hint(model)}")
-        return p
-    p = find_hf_checkpoint(model)
-    if p is None:
-        raise OctoCheckpointError(f"no {model} checkpoint: {HF_REPOS[model]} is not in the Hugging Face cache "
-                                  f"(HF_HOME / ~/.cache/huggingface/hub) and no --checkpoint was given; "
-                                  f"{get_hint(model)}; or run with --random-weights for latency only")
-    return p
+        return hub.local(p, release_files, f"{model} checkpoint")
+    release = hub.Release(repo, what=f"{model} weights", files=RELEASE_FILES, select=release_files)
+    return hub.fetch(release, revision, local_flag=local_flag, also=also)
+
+
+@dataclass(frozen=True)
+class OctoWeights:
+    """The files an Octo engine loads: its checkpoint and t5-base's tokenizer (:class:`engines.hub.Files`)."""
+
+    checkpoint: hub.Files
+    tokenizer: hub.Files
+
+    @property
+    def sha256(self) -> str:
+        return hub.digest([self.checkpoint, self.tokenizer])
+
+    def to_json(self) -> dict:
+        """What the run's identity keeps: each part's repo, commit and files' sha256 (or folder and sha256s)."""
+        return {"sha256": self.sha256, "checkpoint": self.checkpoint.to_json(), "tokenizer": self.tokenizer.to_json()}
+
+
+def resolve_weights(model: str, checkpoint: str | Path | None, revision: str | None = None,
+                    spiece: str | Path | None = None, check_size: bool = True) -> OctoWeights:
+    """The checkpoint (:func:`resolve`; with ``check_size``, of the architecture of the model's preset) and the
+    tokenizer it needs (:func:`engines.octo.text.resolve_spiece`)."""
+    from engines.octo.config import PRESETS
+    from engines.octo.text import resolve_spiece
+
+    files = resolve(model, checkpoint, revision)
+    if check_size and model in PRESETS:  # another size: one line before the tokenizer is looked for
+        check_architecture(read_config(files.folder, model)[0], PRESETS[model](), files.folder, model)
+    return OctoWeights(files, resolve_spiece(files, spiece=spiece))
+
+
+def read_config(path: Path, model: str | None = None) -> tuple[OctoConfig, dict, dict]:
+    """The architecture of a checkpoint folder (from ``config.json`` and ``example_batch.msgpack``), the raw
+    config and the example batch, without its parameters."""
+    raw = _read_json(path / "config.json", model)
+    eb_file = path / "example_batch.msgpack"
+    if not eb_file.is_file():
+        raise OctoCheckpointError(f"{eb_file} is missing; {get_hint(model)}")
+    example_batch = _to_numpy(_msgpack_restore(eb_file.read_bytes(), eb_file))
+    if "tasks" in example_batch and "task" not in example_batch:
+        example_batch["task"] = example_batch.pop("tasks")
+    cfg = config_from_release(raw, example_batch, name=model or "octo", where=str(path / "config.json"))
+    return cfg, raw, example_batch
+
+
+def check_architecture(cfg: OctoConfig, expect: OctoConfig, path: Path, model: str | None = None) -> None:
+    """A checkpoint of another architecture than ``expect`` (octo-small's, say) is refused in one line."""
+    from engines.octo.config import ANY_SIZE, same_architecture
+
+    if not same_architecture(cfg, expect):
+        diff = [f"{k} {getattr(cfg, k)} (expected {getattr(expect, k)})"
+                for k in ("token_dim", "num_layers", "num_heads", "mlp_dim", "window", "lang_tokens",
+                          "repeat_task_tokens", "use_correct_attention", "action_horizon", "action_dim")
+                if getattr(cfg, k) != getattr(expect, k)]
+        if not diff:
+            diff = ["cameras or language encoder differ"]
+        raise OctoCheckpointError(f"{path / 'config.json'} is not {expect.name}: {'; '.join(diff)}; a checkpoint of "
+                                  f"any size runs as --model {ANY_SIZE}")
 
 
 def step_dirs(path: Path) -> list[int]:
@@ -190,27 +277,10 @@ def load(path: str | Path, model: str | None = None, step: int | None = None,
     a checkpoint of another size is refused in one line.
     """
     path = Path(path)
-    raw = _read_json(path / "config.json", model)
-    eb_file = path / "example_batch.msgpack"
-    if not eb_file.is_file():
-        raise OctoCheckpointError(f"{eb_file} is missing; {get_hint(model)}")
-    example_batch = _to_numpy(_msgpack_restore(eb_file.read_bytes(), eb_file))
-    if "tasks" in example_batch and "task" not in example_batch:
-        example_batch["task"] = example_batch.pop("tasks")
+    cfg, raw, example_batch = read_config(path, model)
     stats = _read_json(path / "dataset_statistics.json", model)
-    cfg = config_from_release(raw, example_batch, name=model or "octo", where=str(path / "config.json"))
     if expect is not None:
-        from engines.octo.config import same_architecture
-
-        if not same_architecture(cfg, expect):
-            diff = [f"{k} {getattr(cfg, k)} (expected {getattr(expect, k)})"
-                    for k in ("token_dim", "num_layers", "num_heads", "mlp_dim", "window", "lang_tokens",
-                              "repeat_task_tokens", "use_correct_attention", "action_horizon", "action_dim")
-                    if getattr(cfg, k) != getattr(expect, k)]
-            if not diff:
-                diff = ["cameras or language encoder differ"]
-            raise OctoCheckpointError(f"{path / 'config.json'} is not {expect.name}: {'; '.join(diff)}; "
-                                      f"{get_hint(model)}")
+        check_architecture(cfg, expect, path, model)
     params, step = read_params(path, step)
     check_params(params, cfg, path / str(step), model)
     return Checkpoint(path=path, step=step, config=cfg, params=params, dataset_statistics=stats,

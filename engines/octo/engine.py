@@ -1,6 +1,6 @@
 """OctoEngine: a loaded (or randomly initialised) Octo model, ready to answer queries on the JAX backend.
 
-    engine = OctoEngine.load("octo-small", checkpoint="/path/to/octo-small-1.5")   # or random_weights=True
+    engine = OctoEngine.load("octo-small")   # released weights (HF cache, Hub); or checkpoint=DIR, random_weights=True
     lang = engine.embed("put the square block into the square hole")      # cached per (checkpoint, text)
     actions = engine.predict(images, masks, lang[None], rng=key)            # (B, 4, 7), normalised
     actions = engine.unnormalize(actions)                                   # dataset statistics, mask kept
@@ -28,12 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from engines.octo import checkpoint as ckpt
-from engines.octo.config import PRESETS, OctoConfig
+from engines.octo.config import ANY_SIZE, PRESETS, OctoConfig
 from engines.octo.errors import OctoCheckpointError
 from engines.octo.model import goal_cameras, make_infer, noise_from_rng, unnormalize
 from engines.octo.params import init_params, t5_subtree, without_t5
 from engines.octo.t5 import t5_encode
-from engines.octo.text import InstructionCache, make_tokenizer
+from engines.octo.text import InstructionCache, make_tokenizer, random_weights_spiece
 
 # Octo's actions are normalised per dataset; the scene is closest to Bridge (delta end-effector position and
 # roll-pitch-yaw in the robot base frame, absolute gripper 1 = open), Octo's most-used zero-shot setting and
@@ -82,11 +82,14 @@ def goal_arrays(cfg: OctoConfig, goals, batch: int) -> dict[str, np.ndarray] | N
 
 class OctoEngine:
     def __init__(self, cfg: OctoConfig, params: dict, dataset_statistics: dict, *, identity: str, tokenizer,
-                 random_weights: bool, path: Path | None = None, embed_cache_dir: str | Path | None = None):
+                 random_weights: bool, path: Path | None = None, embed_cache_dir: str | Path | None = None,
+                 weights: "ckpt.OctoWeights | None" = None):
         self.cfg = cfg
         self.identity = identity
         self.random_weights = random_weights
         self.path = path
+        self.weights = weights  # the files loaded: repo, commit and sha256 of each (None: random weights)
+        self.weights_sha256 = weights.sha256 if weights is not None else None
         self.dataset_statistics = dataset_statistics
         self.tokenizer = tokenizer
         self.t5_params = jax.tree_util.tree_map(jnp.asarray, t5_subtree(params))
@@ -106,23 +109,31 @@ class OctoEngine:
     @classmethod
     def load(cls, model: str, checkpoint: str | Path | None = None, random_weights: bool = False, seed: int = 0,
              step: int | None = None, embed_cache_dir: str | Path | None = None, spiece: str | Path | None = None,
-             check_size: bool = True) -> "OctoEngine":
-        """``model``: "octo-small" | "octo-base". Without ``checkpoint`` the Hugging Face cache is searched."""
-        if model not in PRESETS:
-            raise OctoCheckpointError(f"unknown Octo model {model!r}; valid: {', '.join(PRESETS)}")
-        preset = PRESETS[model]()
+             check_size: bool = True, revision: str | None = None,
+             weights: "ckpt.OctoWeights | None" = None) -> "OctoEngine":
+        """``model``: "octo-small" | "octo-base" (their released weights unless ``checkpoint`` names others: a
+        folder or ``hf://ORG/NAME``), or "octo" (any checkpoint, its own architecture). ``weights``: the files
+        :func:`~engines.octo.checkpoint.resolve_weights` resolved already (a run's parent does it once)."""
+        if model not in PRESETS and model != ANY_SIZE:
+            raise OctoCheckpointError(f"unknown Octo model {model!r}; valid: {', '.join(PRESETS)}, {ANY_SIZE}")
+        preset = PRESETS[model]() if model in PRESETS else None
         if random_weights:
-            if checkpoint:
-                raise OctoCheckpointError("--random-weights and --checkpoint exclude each other")
+            if checkpoint or revision or weights:
+                raise OctoCheckpointError("--random-weights excludes --checkpoint and --revision")
+            if preset is None:
+                raise OctoCheckpointError(f"--model {ANY_SIZE} takes its architecture from --checkpoint; random "
+                                          f"weights need {' or '.join(PRESETS)}")
             params = init_params(preset, seed)
-            tok = make_tokenizer(None, preset.lang_tokens, preset.t5.vocab_size, True, spiece)
+            tok = make_tokenizer(random_weights_spiece(spiece), preset.lang_tokens, preset.t5.vocab_size)
             return cls(preset, params, synthetic_statistics(preset), identity=f"random-weights:{model}:seed{seed}",
                        tokenizer=tok, random_weights=True, embed_cache_dir=embed_cache_dir)
-        path = ckpt.resolve(model, checkpoint)
-        c = ckpt.load(path, model=model, step=step, expect=preset if check_size else None)
-        tok = make_tokenizer(path, c.config.lang_tokens, c.config.t5.vocab_size, False, spiece)
-        return cls(c.config, c.params, c.dataset_statistics, identity=c.identity, tokenizer=tok,
-                   random_weights=False, path=path, embed_cache_dir=embed_cache_dir)
+        w = weights or ckpt.resolve_weights(model, checkpoint, revision, spiece=spiece, check_size=check_size)
+        c = ckpt.load(w.checkpoint.folder, model=model, step=step,
+                      expect=preset if check_size and preset is not None else None)
+        tok = make_tokenizer(w.tokenizer, c.config.lang_tokens, c.config.t5.vocab_size)
+        return cls(c.config, c.params, c.dataset_statistics, identity=f"{w.checkpoint.where}@{c.step}",
+                   tokenizer=tok, random_weights=False, path=w.checkpoint.folder, embed_cache_dir=embed_cache_dir,
+                   weights=w)
 
     @classmethod
     def from_checkpoint(cls, ck: "ckpt.Checkpoint", tokenizer, embed_cache_dir=None) -> "OctoEngine":
@@ -199,9 +210,15 @@ _ENGINES: dict[tuple, OctoEngine] = {}
 
 def get_engine(model: str, checkpoint: str | Path | None = None, random_weights: bool = False,
                **kwargs) -> OctoEngine:
-    """A process-wide engine per (model, checkpoint, random_weights); only the last one is kept."""
-    key = (model, str(Path(checkpoint).expanduser().resolve()) if checkpoint else None, bool(random_weights),
-           tuple(sorted(kwargs.items())))
+    """A process-wide engine per (model, checkpoint, random_weights, the rest: revision, resolved weights, ...);
+    only the last one is kept."""
+    where = None
+    if checkpoint:
+        from engines.hub import HF_SCHEME
+
+        named = str(checkpoint)
+        where = named if named.startswith(HF_SCHEME) else str(Path(named).expanduser().resolve())
+    key = (model, where, bool(random_weights), tuple(sorted(kwargs.items())))
     if key not in _ENGINES:
         _ENGINES.clear()
         _ENGINES[key] = OctoEngine.load(model, checkpoint=checkpoint, random_weights=random_weights, **kwargs)

@@ -21,10 +21,13 @@ Graphs (batch dimension ``B`` dynamic, every other dimension fixed):
   axis 0 of every input.
 
 Weights are baked in as initializers. Metadata records the exporter, opset,
-jax version, model, part, a sha256 of the parameters and whether the weights
-are random (``latency_only``). :func:`onnx_for_engine` exports an
+jax version, model, part, a sha256 of the parameters, whether the weights
+are random (``latency_only``) and, for loaded weights, the files they came
+from (``weights``: repo, commit and each file's sha256; ``weights_sha256``
+their digest), so that a TensorRT engine's key (the graph's sha256) holds them
+too. :func:`onnx_for_engine` exports an
 :class:`~engines.octo.engine.OctoEngine`'s model once and reuses it (cache
-keyed by the parameter digest); :class:`engines.octo.runners.OnnxOcto` runs the
+keyed by the parameter digest and the files' digest); :class:`engines.octo.runners.OnnxOcto` runs the
 two graphs behind any pair of graph runners.
 
 jax2onnx is imported only when exporting.
@@ -213,10 +216,19 @@ def _export(fn: Callable, specs: list, input_names: list[str], output_names: lis
     return path
 
 
+def source_files(files) -> dict | None:
+    """What an export keeps of the checkpoint files (:class:`engines.hub.Files`) its parameters came from: their
+    repo and commit (or folder), each one's sha256 and their digest (None: random weights)."""
+    return None if files is None else {"sha256": files.digest, **files.to_json()}
+
+
 def export_octo(cfg: OctoConfig, params, out_dir: str | Path, name: str, *, source: str = "",
                 random_weights: bool = False, export: OctoExportConfig = OctoExportConfig(),
-                digest: str | None = None, progress: bool = False) -> OctoOnnx:
-    """Export the backbone and the unrolled sampler of ``cfg`` with ``params`` to ``out_dir``."""
+                digest: str | None = None, progress: bool = False, weights: dict | None = None) -> OctoOnnx:
+    """Export the backbone and the unrolled sampler of ``cfg`` with ``params`` to ``out_dir``; ``weights``: the
+    files they were loaded from (:func:`source_files`), kept in the metadata."""
+    import json
+
     import jax
     import jax.numpy as jnp
     from jax import export as jax_export
@@ -233,7 +245,9 @@ def export_octo(cfg: OctoConfig, params, out_dir: str | Path, name: str, *, sour
     out_dir = Path(out_dir)
     meta = {"model": cfg.name, "params_sha256": digest, "source": source,
             "latency_only": "true" if random_weights else "false",
-            "note": "random weights: latency only, success meaningless" if random_weights else ""}
+            "note": "random weights: latency only, success meaningless" if random_weights else "",
+            "weights_sha256": weights["sha256"] if weights else "",
+            "weights": json.dumps(weights, sort_keys=True) if weights else ""}
     bb_specs = [spec(cfg.window, *c.image_size, 3, dtype=jnp.uint8) for c in cfg.cameras]
     bb_specs += [spec(cfg.lang_tokens, cfg.t5.d_model), spec(cfg.window, 1 + len(cfg.cameras)), spec()]
     bb_specs += [spec(*c.image_size, 3, dtype=jnp.uint8) for c in cfg.cameras if c.stack_task_image]
@@ -259,8 +273,10 @@ def file_stem(model: str) -> str:
     return model.replace("-", "_")
 
 
-def matching_export(folder: Path, stem: str, digest: str, sealed: bool = False) -> OctoOnnx | None:
-    """An export in ``folder`` whose metadata says it holds these weights in this format, else None. A file
+def matching_export(folder: Path, stem: str, digest: str, sealed: bool = False,
+                    weights_sha256: str | None = None) -> OctoOnnx | None:
+    """An export in ``folder`` whose metadata says it holds these weights (the parameters' digest and, for loaded
+    weights, the digest of the files they came from) in this format, else None. A file
     that cannot be read is said in one line naming it; ``sealed`` (a cache folder): a damaged entry is removed
     (:func:`engines.cache.reuse`) and exported again by the caller."""
     from engines.cache import reuse
@@ -275,6 +291,8 @@ def matching_export(folder: Path, stem: str, digest: str, sealed: bool = False) 
         for p in (found.backbone, found.sampler):
             m = metadata(p)
             if m.get("params_sha256") != digest or m.get("format") != EXPORT_FORMAT:
+                return None
+            if (m.get("weights_sha256") or None) != weights_sha256:
                 return None
     except BadModelFileError as e:  # make engines' output, damaged: named, and not used
         print(f"{str(e).split(';')[0]}: delete it or rebuild it with make engines; exporting these weights into "
@@ -291,20 +309,25 @@ def onnx_for_engine(engine, search: Sequence[Path] = (BUILD_DIR,), progress: boo
     from engines.cache import onnx_dir, write_sealed
 
     digest = params_digest(engine.params)
+    loaded = getattr(engine, "weights", None)  # the graphs hold the checkpoint's files, not the tokenizer's
+    weights = source_files(loaded.checkpoint if loaded is not None else None)
+    files = weights["sha256"] if weights else None
     stem = file_stem(engine.cfg.name)
     for folder in search:
-        hit = matching_export(Path(folder), stem, digest)
+        hit = matching_export(Path(folder), stem, digest, weights_sha256=files)
         if hit:
             return hit
     folder = onnx_dir()
     keyed = f"{stem}_{digest[:16]}_f{EXPORT_FORMAT.rsplit('/', 1)[-1]}"  # graphs of an older format: other files
-    hit = matching_export(folder, keyed, digest, sealed=True)
+    if files:
+        keyed += f"_w{files[:12]}"
+    hit = matching_export(folder, keyed, digest, sealed=True, weights_sha256=files)
     if hit:
         return hit
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".export-") as tmp:  # then each graph moved in, sealed
         made = export_octo(engine.cfg, engine.params, tmp, keyed, source=engine.identity,
-                           random_weights=engine.random_weights, digest=digest, progress=progress)
+                           random_weights=engine.random_weights, digest=digest, progress=progress, weights=weights)
         return OctoOnnx(*(write_sealed(folder / p.name, lambda t, p=p: os.replace(p, t))
                           for p in (made.backbone, made.sampler)))
 

@@ -1,21 +1,20 @@
-"""Instruction tokenisation (t5-base's sentencepiece model, read from the user's local files) and the
-instruction-embedding cache.
+"""Instruction tokenisation (t5-base's sentencepiece model) and the instruction-embedding cache.
 
 Octo's text processor is the Hugging Face t5-base tokenizer with
 ``max_length=16, padding="max_length", truncation=True``: the sentencepiece ids,
 cut to 15, then ``</s>`` (id 1), then padding id 0; the attention mask marks the
 ids and the ``</s>``. :class:`T5Tokenizer` does the same with ``sentencepiece``
-on t5-base's ``spiece.model``, found by :func:`find_spiece`:
+on t5-base's ``spiece.model``, found by :func:`resolve_spiece`:
 
-1. ``$OCTO_T5_TOKENIZER`` (the file, or a folder holding it);
-2. next to the checkpoint: ``<checkpoint>/spiece.model`` or ``<checkpoint>/t5-base/spiece.model``;
-3. the Hugging Face cache: ``models--google-t5--t5-base`` or ``models--t5-base`` snapshots.
+1. the file given, or ``$OCTO_T5_TOKENIZER`` (the file, or a folder holding it);
+2. next to a checkpoint folder: ``<checkpoint>/spiece.model`` or ``<checkpoint>/t5-base/spiece.model``;
+3. ``google-t5/t5-base`` on the Hugging Face Hub (:mod:`engines.hub`: the cache, or a download of that one file).
 
-Nothing is ever downloaded. A real checkpoint without these files is an error
-(:class:`OctoTokenizerError`, one line saying where to put ``spiece.model``).
-ONLY with random weights, where success is meaningless anyway, a missing file
-falls back to :class:`HashTokenizer`: each lower-cased word hashed (sha256) to an
-id, then ``</s>`` and padding, deterministic and clearly not T5's tokenisation.
+A real checkpoint without it is an error (one line naming the repo, the file, the cache
+folder and where else to put it). ONLY with random weights, where success is meaningless
+anyway, nothing is downloaded and a missing file falls back to :class:`HashTokenizer`:
+each lower-cased word hashed (sha256) to an id, then ``</s>`` and padding,
+deterministic and clearly not T5's tokenisation.
 
 :class:`InstructionCache` keeps the encoder output per (checkpoint, instruction),
 in memory and optionally as ``.npy`` files in a folder, so the control loop (and
@@ -28,72 +27,46 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
+from engines import hub
 from engines.cache import reuse, write_sealed
 from engines.octo.errors import OctoTokenizerError
 
 ENV_VAR = "OCTO_T5_TOKENIZER"
-T5_REPOS = ("google-t5/t5-base", "t5-base")
+T5_REPO = "google-t5/t5-base"
+SPIECE = "spiece.model"
 PAD_ID, EOS_ID = 0, 1
 
 
-def hf_hub_dirs() -> list[Path]:
-    """Hugging Face hub cache folders, in the order huggingface_hub would use them."""
-    out = []
-    if os.environ.get("HF_HUB_CACHE"):
-        out.append(Path(os.environ["HF_HUB_CACHE"]))
-    if os.environ.get("HUGGINGFACE_HUB_CACHE"):
-        out.append(Path(os.environ["HUGGINGFACE_HUB_CACHE"]))
-    if os.environ.get("HF_HOME"):
-        out.append(Path(os.environ["HF_HOME"]) / "hub")
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    out.append((Path(xdg) if xdg else Path.home() / ".cache") / "huggingface" / "hub")
-    seen, uniq = set(), []
-    for p in out:
-        if p not in seen:
-            seen.add(p)
-            uniq.append(p)
-    return uniq
+def _spiece_only(paths: Sequence[str]) -> list[str]:
+    if SPIECE not in paths:
+        raise hub.LayoutError(f"no {SPIECE}")
+    return [SPIECE]
 
 
-def hf_snapshots(repo_id: str) -> list[Path]:
-    """Local snapshot folders of a repo in the HF cache, ``refs/main`` first, then newest first."""
-    found = []
-    for hub in hf_hub_dirs():
-        root = hub / ("models--" + repo_id.replace("/", "--"))
-        snaps = root / "snapshots"
-        if not snaps.is_dir():
-            continue
-        dirs = sorted((d for d in snaps.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime, reverse=True)
-        ref = root / "refs" / "main"
-        if ref.is_file():
-            main = snaps / ref.read_text().strip()
-            dirs = [main] + [d for d in dirs if d != main] if main.is_dir() else dirs
-        found += dirs
-    return found
-
-
-def find_spiece(checkpoint_dir: str | Path | None = None) -> Path | None:
-    env = os.environ.get(ENV_VAR)
-    cands: list[Path] = []
-    if env:
-        p = Path(env).expanduser()
-        cands.append(p / "spiece.model" if p.is_dir() else p)
-    if checkpoint_dir is not None:
-        c = Path(checkpoint_dir)
-        cands += [c / "spiece.model", c / "t5-base" / "spiece.model"]
-    for repo in T5_REPOS:
-        cands += [s / "spiece.model" for s in hf_snapshots(repo)]
-    return next((p for p in cands if p.is_file()), None)
-
-
-def where_to_put(checkpoint_dir: str | Path | None) -> str:
-    place = f"{Path(checkpoint_dir) / 't5-base' / 'spiece.model'}" if checkpoint_dir else "a folder"
-    return (f"put t5-base's spiece.model at {place} or point ${ENV_VAR} to it (get it on a machine with internet "
-            f"with `huggingface-cli download google-t5/t5-base spiece.model`)")
+def resolve_spiece(checkpoint: "hub.Files | None" = None, spiece: str | Path | None = None,
+                   download: bool = True) -> "hub.Files":
+    """t5-base's ``spiece.model`` (:class:`engines.hub.Files`): ``spiece`` or ``$OCTO_T5_TOKENIZER``, beside a
+    checkpoint folder, else from the Hub (``download=False``: the cache only). One-line errors."""
+    given = spiece or os.environ.get(ENV_VAR)
+    if given:
+        p = Path(given).expanduser()
+        folder, name = (p, SPIECE) if p.is_dir() else (p.parent, p.name)
+        if not (folder / name).is_file():
+            source = "given" if spiece else f"${ENV_VAR}"
+            raise OctoTokenizerError(f"{p} ({source}): no t5-base {SPIECE} there")
+        return hub.local_files(folder, [name])
+    if checkpoint is not None and checkpoint.repo is None:
+        for sub in ("", "t5-base"):
+            if (checkpoint.folder / sub / SPIECE).is_file():
+                return hub.local_files(checkpoint.folder / sub, [SPIECE])
+    put = f"{checkpoint.folder / 't5-base' / SPIECE}, or " if checkpoint is not None and checkpoint.repo is None else ""
+    release = hub.Release(T5_REPO, what="t5-base tokenizer (needed to encode instructions)", files=SPIECE,
+                          select=_spiece_only)
+    return hub.fetch(release, local_flag=f"{put}${ENV_VAR}=FILE", download=download)
 
 
 class T5Tokenizer:
@@ -140,15 +113,19 @@ class HashTokenizer:
                 np.asarray([1] * n + [0] * (self.max_length - n), np.int32))
 
 
-def make_tokenizer(checkpoint_dir: str | Path | None, max_length: int, vocab_size: int, random_weights: bool,
-                   spiece: str | Path | None = None):
-    path = Path(spiece) if spiece else find_spiece(checkpoint_dir)
-    if path is not None and path.is_file():
-        return T5Tokenizer(path, max_length)
-    if random_weights:
-        return HashTokenizer(vocab_size, max_length)
-    raise OctoTokenizerError(f"t5-base tokenizer not found (needed to encode instructions for this checkpoint): "
-                             f"{where_to_put(checkpoint_dir)}")
+def make_tokenizer(spiece: "hub.Files | None", max_length: int, vocab_size: int):
+    """T5's tokenisation on ``spiece``'s model; None (random weights only): :class:`HashTokenizer`."""
+    if spiece is not None:
+        return T5Tokenizer(spiece.path(spiece.names[0]), max_length)
+    return HashTokenizer(vocab_size, max_length)
+
+
+def random_weights_spiece(spiece: str | Path | None = None) -> "hub.Files | None":
+    """The tokenizer random weights use: a local ``spiece.model`` where there is one, nothing downloaded."""
+    try:
+        return resolve_spiece(None, spiece, download=False)
+    except hub.WeightsUnavailable:
+        return None
 
 
 class InstructionCache:

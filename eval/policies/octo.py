@@ -370,6 +370,7 @@ class OctoPolicy(Policy):
         self.unnorm_key = unnorm_key or UNNORM_KEY
         self.engine.statistics(self.unnorm_key)  # a missing key fails now, in one line
         self.note = self.engine.note
+        self.weights_sha256 = getattr(engine, "weights_sha256", None)  # of the files loaded (None: random weights)
         self.model_queries = 0
         self._warm = False
         self._lang = None

@@ -305,19 +305,17 @@ def ranked_needs(pub: Published) -> str:
     from eval.remote.profiles import PROFILES
 
     frozen = [p for p in pub.entries if p.track == "frozen"]
-    dl = "\n".join(f"huggingface-cli download {repo} --local-dir weights/{repo.split('/')[1]}"
-                   for repo in HF_REPOS.values())
-    model, repo = next(iter(HF_REPOS.items()))
-    cmd = (f"python -m eval.run --model {model} --checkpoint weights/{repo.split('/')[1]} \\\n"
-           f"    --split test --setups all --tries 50 --workers 2 --out results/{model.replace('-', '_')}_test\n"
+    model = next(iter(HF_REPOS))
+    cmd = (f"python -m eval.run --model {model} --split test --setups all --tries 50 --workers 2 \\\n"
+           f"    --out results/{model.replace('-', '_')}_test\n"
            "python -m eval.site --runs results --out results/site")
     served = [p.model for p in frozen if p.status and p.model in PROFILES]
     return (
         '<div class="box"><b>What a ranked row needs.</b> A frozen-track model (released weights, not trained on '
         'this task) run on the test split, every setup with its 50 tries, on the Panda. No such run is here: '
-        'the released weights are not on this machine (this project downloads nothing), so none was made. To '
-        f'make one: download the weights on a machine with internet, then run the benchmark and rebuild this '
-        f'page:<pre>{e(dl)}\n{e(cmd)}</pre>'
+        'the machine these runs were made on has no internet to fetch the released weights, so none was made. '
+        f'To make one on a machine with internet (the weights, {", ".join(HF_REPOS.values())}, are fetched into '
+        f'the Hugging Face cache on first use), run the benchmark and rebuild this page:<pre>{e(cmd)}</pre>'
         f'{", ".join(map(nm, HF_REPOS))}: in-process Octo 1.5 (JAX, or ONNX Runtime with <code>--backend ort</code>). '
         + (f'{", ".join(map(nm, served))}: server profiles exist (<code>--model remote --profile '
            f'{e(served[0])} --server ws://HOST:PORT</code>, eval/remote/profiles.py), not run here: they need the '
