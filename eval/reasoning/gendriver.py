@@ -127,7 +127,7 @@ def generate(data, out, client: HttpAnswerer, protocol: str = "multi-turn", max_
         if rec["error"] and failed >= min_failures and failed > max_fail_share * n:
             raise GenError(f"stopped after {n} cases: {failed} failed (more than --max-fail-share "
                            f"{max_fail_share:g}); last: {case['id']}: {rec['error']} (what was drawn is in {out})")
-    if failed == len(cases):
+    if cases and failed == len(cases):
         raise GenError(f"every case failed ({failed}); last: {rec['error']}")
     run["failed"] = failed
     (out / GS.RUN_FILE).write_text(json.dumps(run, indent=2) + "\n")

@@ -335,7 +335,8 @@ def calibrate(cases, data_dir, size: int, progress: bool = False) -> dict:
                        "state": u["inserted"], "mse": d, "nearest": ins,
                        "read": got if got in valid_sets[step] else None}
                 rows.append(row)
-                # the reference order with this turn wrong: matched as the nearest valid state at this turn
+                # the reference order with this turn wrong (its other turns are the clean reference renders, which
+                # match their own state at MSE 0 and are read as it): matched as the nearest valid state here
                 sets = [sorted(ref_order[:j]) for j in range(1, case["k"] + 1)]
                 matched = list(sets)
                 matched[step - 1] = ins
