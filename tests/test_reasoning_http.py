@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -17,13 +18,31 @@ import pytest
 
 from eval.reasoning import answerers as A
 from eval.reasoning import build as B
+from eval.reasoning import prompts
 from eval.reasoning.report import RunStopped, run_items, summarize
 from tests.conftest import REPO_ROOT
 
 NO_WAIT = dict(sleep=lambda s: None)  # retries without real waits: the waits asked for are still recorded
 
 
-class FakeServer:
+class Loopback:
+    """A test's HTTP server on 127.0.0.1 (a free port), served from a thread while the ``with`` block runs."""
+
+    def _serve(self, handler):
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class FakeServer(Loopback):
     """Answers like a chatty model: the oracle's answer wrapped in free text, with ``usage`` and
     ``finish_reason``. Items listed in ``fail`` get HTTP 500, items in ``garble`` an unparseable reply.
     ``fault(item, n_images, attempt)`` may return ``("status", code, headers, json_body)``,
@@ -33,6 +52,8 @@ class FakeServer:
 
     def __init__(self, items, fail=(), garble=(), fault=None):
         self.by_prompt = {it["prompt"]: it for it in items}
+        # the official style's text with its images taken out: what the request's text parts add up to
+        self.by_official = {re.sub(r"<image \d+>", "", prompts.official_text(it)): it for it in items}
         self.fail, self.garble, self.fault = set(fail), set(garble), fault
         self.requests, self.attempts = [], {}
         self.lock = threading.Lock()
@@ -66,8 +87,9 @@ class FakeServer:
                 if body["model"] == "extractor":
                     item = next(it for p, it in outer.by_prompt.items() if p in content)
                     return self._reply(body["model"], A.Oracle().answer(item))
-                prompt = content[0]["text"]
-                item = outer.by_prompt[prompt]
+                text = "".join(p["text"] for p in content if p["type"] == "text")
+                item = outer.by_prompt.get(content[0]["text"]) or outer.by_official.get(text) or next(
+                    it for t, it in outer.by_official.items() if prompts.official_text(it) in text)  # tiled
                 with outer.lock:
                     attempt = outer.attempts[item["id"]] = outer.attempts.get(item["id"], 0) + 1
                 n_images = 0
@@ -99,17 +121,7 @@ class FakeServer:
                             f"**Final answer:** {ans}")
                 self._reply(body["model"], text)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._serve(Handler)
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +161,37 @@ def test_http_adapter_in_process(data, items):
     ok = others[0]
     assert ok["finish_reason"] == "stop" and ok["prompt_tokens"] == 900 and ok["completion_tokens"] == 40
     assert ok["server_model"] == "served/fake-vlm" and ok["attempts"] == 1
+
+
+def test_prompt_styles_on_the_wire(data, items):
+    """The default request is the official LEGO-Puzzles one (no system message, each image where its
+    <image N> stands); --prompt-style legacy sends the system prompt and the labelled images after the text."""
+    with FakeServer(items) as srv:
+        recs = run_items(items, A.HttpAnswerer(srv.url, **NO_WAIT), data, progress=False)
+        legacy = run_items(items, A.HttpAnswerer(srv.url, prompt_style="legacy", **NO_WAIT), data, progress=False)
+        bodies = [b for _, b, _ in srv.requests]
+    assert all(r["correct"] for r in recs + legacy)
+    official, old = bodies[:len(items)], bodies[len(items):]
+    for it, body in zip(items, official):
+        assert [m["role"] for m in body["messages"]] == ["user"]
+        content = body["messages"][0]["content"]
+        assert content[0] == {"type": "text", "text": "Question: "} or content[0]["text"].startswith("Question: ")
+        assert sum(p["type"] == "image_url" for p in content) == len(it["images"])
+        assert "Options:\n" in "".join(p["text"] for p in content if p["type"] == "text")
+    for body in old:
+        assert body["messages"][0]["role"] == "system" and "Answer:" in body["messages"][0]["content"]
+    with pytest.raises(A.AnswererError, match="--prompt-style"):
+        A.HttpAnswerer(srv.url, prompt_style="fancy")
+
+
+def test_latency_leaves_out_the_waits_between_retries(data, items):
+    def fault(item, n, attempt):
+        return ("status", 429, [("Retry-After", "0.2")], {"error": {"message": "slow down"}}) if attempt == 1 else None
+
+    with FakeServer(items[:1], fault=fault) as srv:
+        rec, = run_items(items[:1], A.HttpAnswerer(srv.url, backoff_s=0.2), data, progress=False)
+    assert rec["attempts"] == 2 and rec["retry_wait_s"] == pytest.approx(0.2)
+    assert rec["wall_ms"] >= 200 and rec["latency_ms"] == pytest.approx(rec["wall_ms"] - 200, abs=1e-6)
 
 
 def test_429_then_success_is_retried_with_backoff(data, items):
@@ -288,8 +331,11 @@ def test_http_cli_end_to_end(data, tmp_path, items):
                             "--model", "fake", "--data", str(data), "--out", str(tmp_path / "rep"), "--quiet"],
                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
+    assert "Overall" in r.stdout and "Lite Overall" in r.stdout
+    assert "critical n/a" in r.stdout and "critical 0.0%" not in r.stdout  # 1 item a type: no count is enough
     s = json.loads((tmp_path / "rep" / "summary.json").read_text())
     assert all(row["accuracy"] == 1.0 for row in s["elementary"].values())
+    assert s["answerer_info"]["prompt_style"] == "official" and s["overall"]["elementary"]["types"] == 4
     assert s["planning"]["k2"]["exact"]["rate"] == 1.0
     for f in ("REPORT.md", "planning_curve.png", "accuracy_by_type.png"):
         assert (tmp_path / "rep" / f).is_file(), f
@@ -322,6 +368,12 @@ def test_http_endpoint_down_is_one_line_error(data, tmp_path):
     assert r.returncode != 0
     assert r.stderr.strip().count("\n") == 0 and "failed" in r.stderr and "Traceback" not in r.stderr
     assert "cannot reach" in r.stderr
+    # fewer queries than the stop rule needs: still no report of errors alone, a non-zero exit
+    r = subprocess.run([sys.executable, "-m", "eval.reasoning", "run", "--answerer", "http", "--endpoint",
+                        f"http://127.0.0.1:{port}/v1", "--data", str(data), "--out", str(tmp_path / "rep1"), "--quiet",
+                        "--limit", "1"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "every query failed (1 of 1)" in r.stderr and r.stderr.strip().count("\n") == 0
+    assert not (tmp_path / "rep1" / "summary.json").exists()
 
 
 @pytest.mark.parametrize("args,msg", [

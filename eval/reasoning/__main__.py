@@ -7,6 +7,8 @@
         [--extract-with NAME]
     python -m eval.reasoning gallery --data data/reasoning --out results/reasoning/gallery
     python -m eval.reasoning generate-build --out data/reasoning_gen                      # Plan-k-Step-Generation
+    python -m eval.reasoning generate-answers --answerer http --endpoint URL --model NAME --data data/reasoning_gen \
+        --out runs/reasoning_gen/NAME/answers [--protocol multi-turn|single-shot]
     python -m eval.reasoning generate-score --answers DIR --data data/reasoning_gen --out runs/reasoning_gen/NAME
 """
 
@@ -45,7 +47,12 @@ def cmd_build(args) -> int:
     return 0
 
 
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
 def cmd_run(args) -> int:
+    from eval.reasoning import prompts
     from eval.reasoning.answerers import make_answerer
     from eval.reasoning.build import load
     from eval.reasoning.report import run_items, write_report
@@ -57,7 +64,10 @@ def cmd_run(args) -> int:
     answerer = make_answerer(args.answerer, seed=args.seed, endpoint=args.endpoint, model=args.model,
                              api_key=os.environ.get(args.api_key_env) if args.api_key_env else None,
                              timeout_s=args.timeout, retries=args.retries, backoff_s=args.backoff,
-                             retry_budget_s=args.retry_budget, max_images=args.max_images, over_limit=args.over_limit)
+                             retry_budget_s=args.retry_budget, max_images=args.max_images, over_limit=args.over_limit,
+                             prompt_style=args.prompt_style)
+    if args.prompt_style != prompts.DEFAULT_STYLE and args.answerer != "http":
+        raise ValueError("--prompt-style applies to the http answerer only (the others read no prompt)")
     if args.extract_with and args.answerer != "http":
         raise ValueError("--extract-with applies to the http answerer only (it asks a model on the same endpoint)")
     items, manifest = load(args.data)
@@ -96,7 +106,13 @@ def cmd_run(args) -> int:
     s = write_report(records, args.answerer, manifest, args.out, sweep, answerer_info=info)
     for t, r in s["elementary"].items():
         print(f"{t:16s} {100 * r['accuracy']:6.1f}%  CI [{100 * r['ci'][0]:.1f}, {100 * r['ci'][1]:.1f}]  "
-              f"chance {100 * r['chance']:.1f}%  critical {100 * (r['critical_accuracy'] or 0):.1f}%")
+              f"chance {100 * r['chance']:.1f}%  critical {_pct(r['critical_accuracy'])}")
+    for key, name in (("elementary", "Overall"), ("elementary_lite", "Lite Overall")):
+        o = s["overall"].get(key)
+        if o:
+            print(f"{name:16s} {100 * o['accuracy']:6.1f}%  CI [{100 * o['ci'][0]:.1f}, {100 * o['ci'][1]:.1f}]  "
+                  f"chance {100 * o['chance']:.1f}%  critical {_pct(o['critical_accuracy'])}  "
+                  f"({o['types']} types, {o['n']} questions)")
     for k, r in s["planning"].items():
         print(f"plan {k:3s}  exact {100 * r['exact']['rate']:5.1f}%  set {100 * r['set']['rate']:5.1f}%  "
               f"overlap {100 * r['overlap']['mean']:5.1f}%")
@@ -113,9 +129,9 @@ def cmd_gallery(args) -> int:
     from eval.reasoning.build import load
     from eval.reasoning.gallery import write_gallery
 
-    items, _ = load(args.data)
-    paths = write_gallery(items, args.data, args.out, tile=args.tile)
-    print(f"wrote {len(paths)} example PNGs to {args.out}")
+    items, manifest = load(args.data)
+    paths = write_gallery(items, args.data, args.out, tile=args.tile, set_sha256=manifest.get("sha256"))
+    print(f"wrote {len(paths)} example PNGs and their page to {args.out}")
     return 0
 
 
@@ -128,20 +144,55 @@ def cmd_generate_build(args) -> int:
     if args.per_k < 1:
         raise ValueError("--per-k must be at least 1")
     m = GS.build(args.out, seed=args.seed, ks=ks, per_k=args.per_k, size=args.size, progress=not args.quiet)
-    cal = m["calibration"]
     print(f"wrote {m['n_cases']} generation cases, {m['n_images']} images to {args.out} in {m['build_s']:.1f} s")
-    print(f"matching threshold RMS {cal['threshold_rms']:.4f} ({cal['threshold_over_255']:.1f}/255): smallest "
-          f"valid-invalid distance {cal['d_valid_invalid_min']:.4f}, valid-valid {cal['d_valid_valid_min']:.4f}")
+    _print_calibration(m["calibration"])
     print(f"sha256 {m['sha256']}")
     print(f"sha256_states {m['sha256_states']}")
+    return 0
+
+
+def _print_calibration(cal) -> None:
+    print(f"tolerance MSE {cal['tolerance_mse']:.3g}: perturbed correct at most {cal['correct_max_mse']:.3g} "
+          f"({cal['correct_max_at']['kind']}), wrong states at least {cal['wrong_min_mse']:.3g} "
+          f"({cal['wrong_min_at']['kind']}), " + (f"apart by {cal['separation_ratio']:.2f}x" if cal["separated"]
+                                                 else "overlapping"))
+    for kind, r in cal["images"]["correct"].items():
+        c = cal["cases"][kind]
+        print(f"  {kind:11s} images {r['accepted']}/{r['images']} accepted, cases {c['accepted']}/{c['cases']}")
+    w, c = cal["images"]["wrong"], cal["cases"]["wrong_turn"]
+    print(f"  wrong      images {w['rejected']}/{w['images']} rejected, cases with one wrong turn "
+          f"{c['cases'] - c['accepted']}/{c['cases']} rejected")
+    v = cal["verifier"]
+    print(f"  part-level verifier agrees on {v['agree']}/{v['images']} images")
+
+
+def cmd_generate_calibrate(args) -> int:
+    from eval.reasoning import genset as GS
+
+    m = GS.recalibrate(args.data, progress=not args.quiet)
+    _print_calibration(m["calibration"])
     return 0
 
 
 def cmd_generate_answers(args) -> int:
     from eval.reasoning import genset as GS
 
-    n = GS.write_answers(args.data, args.out, args.answerer, seed=args.seed)
-    print(f"wrote {args.answerer} answers for {n} cases to {args.out}")
+    if args.answerer == "http":
+        from eval.reasoning.answerers import make_answerer
+        from eval.reasoning.gendriver import generate
+
+        if args.perturb:
+            raise ValueError("--perturb applies to the oracle and wrong answerers only")
+        client = make_answerer("http", endpoint=args.endpoint, model=args.model,
+                               api_key=os.environ.get(args.api_key_env) if args.api_key_env else None,
+                               timeout_s=args.timeout, retries=args.retries)
+        run = generate(args.data, args.out, client, args.protocol, max_fail_share=args.max_fail_share,
+                       progress=not args.quiet)
+        print(f"wrote {args.protocol} answers of {args.model} for {len(run['cases'])} cases to {args.out} "
+              f"({run['failed']} failed)")
+        return 0
+    n = GS.write_answers(args.data, args.out, args.answerer, seed=args.seed, perturb=args.perturb)
+    print(f"wrote {args.answerer} answers for {n} cases to {args.out}" + (f" ({args.perturb})" if args.perturb else ""))
     return 0
 
 
@@ -149,17 +200,22 @@ def cmd_generate_score(args) -> int:
     from eval.reasoning import genset as GS
 
     records, manifest = GS.score_answers(args.data, args.answers, progress=not args.quiet)
+    run = GS.read_run(args.answers)
     name = args.name or Path(args.answers).resolve().name
     args.out = args.out or str(Path("runs/reasoning_gen") / name)
-    s = GS.write_report(records, manifest, name, args.out)
+    s = GS.write_report(records, manifest, name, args.out, run)
     for k, r in s["per_k"].items():
-        print(f"plan-gen {k:3s}  {r['success']}/{r['n']}  ({100 * r['rate']:.1f}%)")
-    print(f"accepted {s['success']} of {s['n_cases']}; threshold RMS {s['calibration']['threshold_rms']:.4f}; "
-          f"report in {args.out}/REPORT.md")
+        print(f"plan-gen {k:3s}  {r['success']}/{r['n']}  ({100 * r['rate']:.1f}%)  verifier {r['verifier_success']}"
+              f"/{r['n']}  agree {r['agree']}/{r['n']}")
+    print(f"accepted {s['success']} of {s['n_cases']} ({s['protocol']}); tolerance MSE "
+          f"{s['calibration']['tolerance_mse']:.3g}; report in {args.out}/REPORT.md")
     return 0
 
 
 def main(argv=None) -> int:
+    from eval.reasoning import prompts
+    from eval.reasoning import scene as S
+
     p = argparse.ArgumentParser(prog="python -m eval.reasoning", description="Assembly reasoning probe.")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="generate questions and render images")
@@ -170,7 +226,7 @@ def main(argv=None) -> int:
     b.add_argument("--types", default="all", help="comma-separated elementary types, or all")
     b.add_argument("--plan-k", default="1-8", help="k values, e.g. 1-8 or 1,3; empty for none")
     b.add_argument("--plan-per-k", type=int, default=20)
-    b.add_argument("--size", type=int, default=256, help="image side in pixels")
+    b.add_argument("--size", type=int, default=S.IMAGE_SIZE, help="image side in pixels")
     b.add_argument("--quiet", action="store_true")
     r = sub.add_parser("run", help="answer a built set and write a report")
     r.add_argument("--answerer", required=True, help="oracle, random or http")
@@ -191,6 +247,9 @@ def main(argv=None) -> int:
                    "(pack its images into --max-images labelled grids)")
     r.add_argument("--max-fail-share", type=float, default=0.1, help="stop once at least 3 queries failed and "
                    "they are more than this share of those asked")
+    r.add_argument("--prompt-style", default=prompts.DEFAULT_STYLE,
+                   help="http: official (the LEGO-Puzzles / VLMEvalKit format: <image N> in place, 'Options:' lines, "
+                   "'Please select the correct answer') or legacy (a system prompt, options inline, images after)")
     r.add_argument("--extract-with", metavar="MODEL", help="http: ask MODEL on the same endpoint for the final "
                    "answer of replies the rules cannot parse (reported separately)")
     r.add_argument("--sweep-seeds", type=int, default=0,
@@ -199,23 +258,39 @@ def main(argv=None) -> int:
     r.add_argument("--types", help="comma-separated types (plan for planning)")
     r.add_argument("--limit", type=int, help="first N selected questions only")
     r.add_argument("--quiet", action="store_true")
-    g = sub.add_parser("gallery", help="example question composites (small PNGs)")
+    g = sub.add_parser("gallery", help="example questions: composite PNGs and a page (5 per type)")
     g.add_argument("--data", required=True)
     g.add_argument("--out", required=True)
-    g.add_argument("--tile", type=int, default=192, help="image tile size in the composites")
+    g.add_argument("--tile", type=int, default=224, help="image tile size in the composites")
     gb = sub.add_parser("generate-build", help="Plan-k-Step-Generation set: inputs, every valid step state, "
                         "invalid states for calibration")
     gb.add_argument("--out", required=True)
     gb.add_argument("--seed", type=int, default=0)
     gb.add_argument("--ks", default="2-5", help="k values, e.g. 2-5")
     gb.add_argument("--per-k", type=int, default=20)
-    gb.add_argument("--size", type=int, default=256)
+    gb.add_argument("--size", type=int, default=S.IMAGE_SIZE)
     gb.add_argument("--quiet", action="store_true")
-    ga = sub.add_parser("generate-answers", help="answer folders from the references (oracle, or wrong at one turn)")
-    ga.add_argument("--answerer", required=True, help="oracle or wrong")
+    gc = sub.add_parser("generate-calibrate", help="calibrate a built generation set again (rewrites its manifest)")
+    gc.add_argument("--data", required=True)
+    gc.add_argument("--quiet", action="store_true")
+    ga = sub.add_parser("generate-answers", help="answer folders: from the references (oracle, perhaps perturbed; "
+                        "wrong at one turn) or from an image-generating model (http)")
+    ga.add_argument("--answerer", required=True, help="oracle, wrong or http")
     ga.add_argument("--data", required=True)
     ga.add_argument("--out", required=True)
     ga.add_argument("--seed", type=int, default=0)
+    ga.add_argument("--perturb", help="oracle/wrong: each image perturbed (jpeg85, shift1, resample2x, down2x, "
+                    "bright+3, bright-3)")
+    ga.add_argument("--protocol", default="multi-turn", help="http: multi-turn (each turn sees the model's own "
+                    "previous image; the paper's) or single-shot (all k images from one request)")
+    ga.add_argument("--endpoint", help="http: OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+    ga.add_argument("--model", default="default", help="http: model name sent in the request")
+    ga.add_argument("--api-key-env", help="http: name of an environment variable holding the API key")
+    ga.add_argument("--timeout", type=float, default=300.0, help="http: seconds per request")
+    ga.add_argument("--retries", type=int, default=4, help="http: retries after 429, 5xx, a timeout or a drop")
+    ga.add_argument("--max-fail-share", type=float, default=0.1, help="http: stop once at least 3 cases failed and "
+                    "they are more than this share of those asked")
+    ga.add_argument("--quiet", action="store_true")
     gs = sub.add_parser("generate-score", help="score generated step images: DIR/<case id>/step1.png .. stepk.png")
     gs.add_argument("--answers", required=True)
     gs.add_argument("--data", default="data/reasoning_gen", help="the generation set (generate-build)")
@@ -228,7 +303,8 @@ def main(argv=None) -> int:
     from eval.reasoning.genset import GenError
 
     cmds = {"build": cmd_build, "run": cmd_run, "gallery": cmd_gallery, "generate-build": cmd_generate_build,
-            "generate-answers": cmd_generate_answers, "generate-score": cmd_generate_score}
+            "generate-calibrate": cmd_generate_calibrate, "generate-answers": cmd_generate_answers,
+            "generate-score": cmd_generate_score}
     try:
         return cmds[args.cmd](args)
     except (AnswererError, DataError, GenError, ValueError, RuntimeError, OSError) as e:

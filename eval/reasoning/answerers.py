@@ -4,7 +4,8 @@
   reads the stored answer), so a 100% score checks the generators and the scorer.
 * ``random``: a uniformly random well-formed answer (chance level).
 * ``http``: a multimodal model behind an OpenAI-compatible ``/v1/chat/completions``
-  endpoint; images are sent inline as base64 PNG data URLs, one labelled text part before each;
+  endpoint; images are sent inline as base64 PNG data URLs, laid out in a prompt style
+  (:mod:`eval.reasoning.prompts`: the official LEGO-Puzzles format by default, the legacy one on request);
   bounded retries, the server's error text, an image limit per request, and per-query
   ``last_info`` (server model, finish_reason, token counts, attempts) for the records.
 """
@@ -28,6 +29,7 @@ import numpy as np
 
 from env import geometry
 from eval.reasoning import planning as P
+from eval.reasoning import prompts
 from eval.reasoning import questions as Q
 from eval.reasoning import scene as S
 
@@ -54,6 +56,8 @@ def _solve(item):
     if kind == "height":
         st = _scene(item)["state"]
         za, zb = (_block(st, meta["subjects"][lab])["z"] for lab in ("A", "B"))
+        if abs(za - zb) <= P.POSE_TOL:
+            return next(lab for lab, txt in item["options"].items() if txt == Q.SAME_HEIGHT)
         return "A" if za > zb else "B"
     if kind == "adjacency":
         st = _scene(item)["state"]
@@ -166,9 +170,6 @@ class RandomAnswerer:
 
 
 # ----------------------------------------------------------------- OpenAI-compatible HTTP
-SYSTEM_PROMPT = ("You answer questions about rendered images of a robot workspace: a table, a board with shaped "
-                 "holes and coloured blocks (circle, square, triangle) with a knob on top. Think briefly, then end "
-                 "with a line 'Answer: ...' in the requested format.")
 EXTRACT_SYSTEM_PROMPT = "You read another model's reply and copy out the final answer it gives. You never solve the question."
 OVER_LIMIT = ("refuse", "tile")
 
@@ -258,7 +259,7 @@ class HttpAnswerer:
     def __init__(self, endpoint: str, model: str = "default", api_key: str | None = None, timeout_s: float = 120.0,
                  max_tokens: int = 512, temperature: float = 0.0, retries: int = 4, backoff_s: float = 1.0,
                  backoff_max_s: float = 30.0, retry_budget_s: float = 300.0, max_images: int | None = None,
-                 over_limit: str = "refuse", sleep=time.sleep):
+                 over_limit: str = "refuse", prompt_style: str = prompts.DEFAULT_STYLE, sleep=time.sleep):
         if not endpoint or not endpoint.startswith(("http://", "https://")):
             raise AnswererError(f"--endpoint must be an http(s) URL ending in /v1, got {endpoint!r}")
         if max_images is not None and max_images < 1:
@@ -267,6 +268,9 @@ class HttpAnswerer:
             raise AnswererError(f"--over-limit must be one of {', '.join(OVER_LIMIT)}, got {over_limit!r}")
         if retries < 0 or backoff_s < 0 or retry_budget_s < 0 or timeout_s <= 0:
             raise AnswererError("--retries, --backoff and --retry-budget must be >= 0 and --timeout > 0")
+        if prompt_style not in prompts.STYLES:
+            raise AnswererError(f"--prompt-style must be one of {', '.join(prompts.STYLES)}, got {prompt_style!r}")
+        self.prompt_style = prompt_style
         self.url = endpoint.rstrip("/") + "/chat/completions"
         self.endpoint = _public_url(endpoint.rstrip("/"))
         self.model, self.api_key, self.timeout_s = model, api_key, timeout_s
@@ -276,28 +280,29 @@ class HttpAnswerer:
         self.last_info: dict = {}
 
     def describe(self) -> dict:
-        return {"name": self.name, "model": self.model, "endpoint": self.endpoint, "max_images": self.max_images,
+        return {"name": self.name, "model": self.model, "endpoint": self.endpoint, "prompt_style": self.prompt_style,
+                "max_images": self.max_images,
                 "over_limit": self.over_limit, "retries": self.retries, "retry_budget_s": self.retry_budget_s,
                 "timeout_s": self.timeout_s, "max_tokens": self.max_tokens, "temperature": self.temperature}
 
     def messages(self, item, data_dir) -> list[dict]:
+        """The request's messages in the answerer's prompt style (:mod:`eval.reasoning.prompts`)."""
         datas = [(Path(data_dir) / im["path"]).read_bytes() for im in item["images"]]
-        labels = [im["label"] for im in item["images"]]
-        parts = [{"type": "text", "text": item["prompt"]}]
+        layout = prompts.parts(item, self.prompt_style)
         if self.max_images is not None and len(datas) > self.max_images:
             if self.over_limit == "refuse":
                 raise Refused(f"refused: {len(datas)} images, more than --max-images {self.max_images}",
                               {"refused": True, "attempts": 0})
-            for data, labs in tile_images(datas, labels, self.max_images):
+            # tiles cannot stand where each image is named: the text first, then the labelled grids
+            text = item["prompt"] if self.prompt_style == "legacy" else prompts.official_text(item)
+            parts = [{"type": "text", "text": text}]
+            for data, labs in tile_images(datas, prompts.image_names(item, self.prompt_style), self.max_images):
                 parts.append({"type": "text", "text": f"{', '.join(labs)} (one grid, each labelled above its picture):"})
-                parts.append({"type": "image_url",
-                              "image_url": {"url": "data:image/png;base64," + base64.b64encode(data).decode()}})
+                parts.append(_image_part(data))
         else:
-            for data, lab in zip(datas, labels):
-                parts.append({"type": "text", "text": f"{lab}:"})
-                parts.append({"type": "image_url",
-                              "image_url": {"url": "data:image/png;base64," + base64.b64encode(data).decode()}})
-        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": parts}]
+            parts = [{"type": "text", "text": p} if kind == "text" else _image_part(datas[p]) for kind, p in layout]
+        system = prompts.system_prompt(self.prompt_style)
+        return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": parts}]
 
     def _post(self, payload: dict) -> tuple[dict, dict]:
         body = json.dumps(payload).encode()
@@ -354,23 +359,30 @@ class HttpAnswerer:
             self.sleep(wait)
             info["retry_wait_s"] += wait
 
-    def _complete(self, messages, model=None, max_tokens=None) -> str:
+    def chat(self, messages, model=None, max_tokens=None, extra: dict | None = None) -> dict:
+        """One chat completion (with the retries): the reply's ``choices[0].message``; ``last_info`` set.
+        ``extra``: more request fields (e.g. ``modalities`` for image output)."""
         payload = {"model": model or self.model, "messages": messages, "max_tokens": max_tokens or self.max_tokens,
-                   "temperature": self.temperature}
+                   "temperature": self.temperature, **(extra or {})}
         self.last_info = {}
         out, info = self._post(payload)
         try:
             choice = out["choices"][0]
-            content = choice["message"].get("content")
+            message = choice["message"]
+            message.get("content")
         except (KeyError, IndexError, TypeError, AttributeError):
             raise QueryError(f"the server's reply has no choices[0].message: {json.dumps(out)[:200]}", info) from None
-        if isinstance(content, list):  # some servers return content parts
-            content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
         usage = out.get("usage") if isinstance(out.get("usage"), dict) else {}
         info.update(server_model=out.get("model"), finish_reason=choice.get("finish_reason"),
                     prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"))
         info.pop("error", None)
         self.last_info = info
+        return message
+
+    def _complete(self, messages, model=None, max_tokens=None) -> str:
+        content = self.chat(messages, model, max_tokens).get("content")
+        if isinstance(content, list):  # some servers return content parts
+            content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
         return content or ""
 
     def answer(self, item, data_dir=None) -> str:
@@ -385,14 +397,37 @@ class HttpAnswerer:
         return self._complete(msgs, model=model, max_tokens=64)
 
 
+def _image_part(png: bytes) -> dict:
+    return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()}}
+
+
+def reply_images(message: dict) -> list[bytes]:
+    """The images of a chat reply, in order: ``message.images`` (OpenRouter's image output: image_url parts)
+    and image_url parts of a list ``content``; each a base64 data URL (a remote URL is not fetched)."""
+    content = message.get("content")
+    found = []
+    for part in list(message.get("images") or []) + (content if isinstance(content, list) else []):
+        if not isinstance(part, dict) or part.get("type") != "image_url":
+            continue
+        url = (part.get("image_url") or {}).get("url", "")
+        head, sep, data = url.partition(",")
+        if not (sep and head.startswith("data:image/") and head.endswith(";base64")):
+            raise QueryError(f"the reply's image is not a base64 data URL (remote images are not fetched): {url[:60]!r}")
+        try:
+            found.append(base64.b64decode(data, validate=True))
+        except ValueError:
+            raise QueryError("the reply's image data URL is not valid base64") from None
+    return found
+
+
 def make_answerer(name: str, **kw):
     if name == "oracle":
         return Oracle()
     if name == "random":
         return RandomAnswerer(seed=kw.get("seed", 0))
     if name == "http":
-        extra = {k: kw[k] for k in ("retries", "backoff_s", "retry_budget_s", "max_images", "over_limit")
-                 if kw.get(k) is not None}
+        extra = {k: kw[k] for k in ("retries", "backoff_s", "retry_budget_s", "max_images", "over_limit",
+                                    "prompt_style") if kw.get(k) is not None}
         return HttpAnswerer(kw.get("endpoint") or "", model=kw.get("model") or "default", api_key=kw.get("api_key"),
                             timeout_s=kw.get("timeout_s", 120.0), **extra)
     raise AnswererError(f"unknown answerer {name!r}; valid: {', '.join(ANSWERERS)}")

@@ -15,7 +15,8 @@ Where the answer is read (the first place that yields one wins):
 
 Lower-case labels are allowed on an answer line. A capital 'A' or 'I' followed by a lower-case word
 is an English word, not a label. A segment naming two different letters (or both yes and no) is
-ambiguous: unparseable (None), counted wrong by the runner unless a model-assisted extraction
+ambiguous, and so is an answer line that begins with two options joined by "or", "and", ",", "/" or "&"
+("Answer: B or C": a hedge names two options, it scores 0): unparseable (None), counted wrong by the runner unless a model-assisted extraction
 (``--extract-with``, :func:`extraction_prompt`) is asked for, which is reported separately.
 """
 
@@ -105,11 +106,17 @@ def _tokens(seg: str, labels, lower_ok: bool = False) -> list[str]:
     return out
 
 
+_JOIN = r"\s*[)\]]?\s*(?:,|/|&|\bor\b|\band\b)\s*[(\[]?\s*"
+
+
 def parse_choice(text: str, labels, options: dict | None = None) -> str | None:
     """One of ``labels``; when no letter is given, an option's value (e.g. '45 degrees') or text."""
     for kind, seg in _segments(text):
         toks = _tokens(seg, labels, lower_ok=kind == "marker")
         if kind == "marker" and toks and re.match(r"\s*[(\[]?\s*" + toks[0] + r"\b", seg, re.I):
+            if len(toks) > 1 and toks[1] != toks[0] and re.match(
+                    r"\s*[(\[]?\s*" + toks[0] + _JOIN + toks[1] + r"(?![A-Za-z0-9'])", seg, re.I):
+                return None  # 'Answer: B or C': a hedge, no single answer
             return toks[0]  # 'Answer: B, because A is lower' -> B
         found = set(toks)
         if len(found) == 1:
@@ -174,8 +181,12 @@ def parse_answer(item: dict, text: str):
     fmt = item["answer_format"]
     if fmt == "choice":
         return parse_choice(text, item["labels"], item.get("options"))
-    if fmt == "yesno":
-        return parse_yes_no(text)
+    if fmt == "yesno":  # the word, or the letter of the official prompt's 'A. Yes / B. No'
+        word = parse_yes_no(text)
+        if word is None and item.get("options"):
+            letter = parse_choice(text, item["labels"])
+            word = None if letter is None else item["options"][letter].lower()
+        return word
     if fmt == "order":
         return parse_sequence(text, item["labels"], len(item["labels"]))
     if fmt == "plan":

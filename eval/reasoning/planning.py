@@ -57,8 +57,54 @@ def all_topological_orders(nodes, edges):
 
 
 # ----------------------------------------------------------------- domain
+STACK_SPACING = 0.085  # m between stack centres on the table
+STACKS_APART_PX = 4.0  # every stack's outline this far from every other's and from the board's in the plan view
+CAMERA = "plan"
+
+
+def board_outline(board: dict, camera: str = CAMERA) -> np.ndarray:
+    """Image outline of the board and of anything that can stand in or on its holes (a block inserted or resting on
+    a rim, at any yaw): the plate's top and, over every cell, a cylinder as wide as the widest block up to the top
+    of a knob on a block resting on the plate."""
+    hx, hy = S.board_half_extent(board)
+    c, s_ = math.cos(board["yaw"]), math.sin(board["yaw"])
+    pts = [(board["x"] + c * u - s_ * v, board["y"] + s_ * u + c * v, geometry.PLATE_TOP_Z)
+           for u in (-hx, hx) for v in (-hy, hy)]
+    r = max(S.radius(sh) for sh in geometry.SHAPES)
+    top = S.Z_PLATE + S.H / 2 + geometry.KNOB_HEIGHT
+    for i in range(len(board["cells"])):
+        x, y = S.cell_world(board, i)
+        pts += [(float(x) + r * math.cos(a), float(y) + r * math.sin(a), z)
+                for a in np.linspace(0, 2 * math.pi, 16, endpoint=False) for z in (geometry.PLATE_TOP_Z, top)]
+    return S.hull2d(S.project(camera, pts))
+
+
+def apart_on_screen(outline: np.ndarray, others: list[np.ndarray], min_px: float = STACKS_APART_PX) -> bool:
+    """Whether an image outline stays ``min_px`` or more from every one of ``others`` (bounding boxes first)."""
+    lo, hi = outline.min(axis=0), outline.max(axis=0)
+    for q in others:
+        if (q.min(axis=0) - hi >= min_px).any() or (lo - q.max(axis=0) >= min_px).any():
+            continue
+        if S.polygon_distance(outline, q) < min_px:
+            return False
+    return True
+
+
+def stacks_clear_on_screen(stacks_blocks: list[list[dict]], board: dict, camera: str = CAMERA) -> bool:
+    """No two stacks, and no stack and the board, overlap or come within ``STACKS_APART_PX`` in the image
+    (a block 16 cm behind a stack used to look as if it stood on it, issue 35)."""
+    others = [board_outline(board, camera)]
+    for bs in stacks_blocks:
+        o = S.stack_silhouette(bs, camera)
+        if not apart_on_screen(o, others):
+            return False
+        others.append(o)
+    return True
+
+
 def make_domain(rng: np.random.Generator, n_blocks: int, min_stack: int = 2) -> dict:
-    """Board, blocks in stacks, and each block's hole. ``n_blocks`` <= 9."""
+    """Board, blocks in stacks, and each block's hole. ``n_blocks`` <= 9. The stacks stand in
+    ``scene.STACK_REGION``, placed so that none overlaps another or the board in the plan view."""
     if not 1 <= n_blocks <= 9:
         raise ValueError("n_blocks must be in 1..9")
     shapes = list(geometry.SHAPES) * 2 + [str(s) for s in rng.choice(geometry.SHAPES, 3)]
@@ -68,35 +114,50 @@ def make_domain(rng: np.random.Generator, n_blocks: int, min_stack: int = 2) -> 
     cells = [int(c) for c in rng.permutation(9)[:n_blocks]]
     colors = [str(c) for c in rng.permutation(list(S.PALETTE))[:n_blocks]]
     ids = [f"b{i}" for i in range(n_blocks)]
-    # stacks: bottom to top, at most 3 high; at least one of min_stack when possible
-    while True:
-        stacks: list[list[str]] = []
-        for b in ids:
-            open_ = [s for s in stacks if len(s) < 3]
-            if open_ and rng.uniform() < 0.6:
-                open_[int(rng.integers(len(open_)))].append(b)
-            else:
-                stacks.append([b])
-        if n_blocks < min_stack or max(len(s) for s in stacks) >= min_stack:
-            break
-    xy = []
-    for _ in range(len(stacks)):
-        for _ in range(2000):
-            p = np.array([rng.uniform(-0.34, -0.11), rng.uniform(-0.22, 0.22)])
-            if not S.over_board(board, p, 0.036) and all(exact.norm(p - q) > 0.085 for q in xy):
-                xy.append(p)
+    (x0, x1), (y0, y1) = S.STACK_REGION
+    for _ in range(200):
+        # stacks: bottom to top, at most 3 high; at least one of min_stack when possible
+        while True:
+            stacks: list[list[str]] = []
+            for b in ids:
+                open_ = [s for s in stacks if len(s) < 3]
+                if open_ and rng.uniform() < 0.6:
+                    open_[int(rng.integers(len(open_)))].append(b)
+                else:
+                    stacks.append([b])
+            if n_blocks < min_stack or max(len(s) for s in stacks) >= min_stack:
                 break
-        else:
-            raise RuntimeError("no room for the stacks")
-    blocks, below = [], {}
-    for stack, p in zip(stacks, xy):
+        yaws = {b: float(rng.uniform(-math.pi, math.pi)) for b in ids}
+
+        def stack_blocks(stack, p):
+            return [{"id": b, "shape": shapes[cells[ids.index(b)]], "color": colors[ids.index(b)], "x": float(p[0]),
+                     "y": float(p[1]), "z": S.Z_TABLE + level * S.STACK_DZ, "yaw": yaws[b]}
+                    for level, b in enumerate(stack)]
+
+        placed: list[tuple[np.ndarray, list[dict]]] = []
+        outlines = [board_outline(board)]
+        for stack in stacks:
+            for _ in range(300):
+                p = np.array([rng.uniform(x0, x1), rng.uniform(y0, y1)])
+                if S.over_board(board, p, 0.036) or any(exact.norm(p - q) <= STACK_SPACING for q, _ in placed):
+                    continue
+                blocks = stack_blocks(stack, p)
+                outline = S.stack_silhouette(blocks, CAMERA)
+                if apart_on_screen(outline, outlines):
+                    placed.append((p, blocks))
+                    outlines.append(outline)
+                    break
+            else:
+                break  # no room for this stack: draw the stacks again
+        if len(placed) == len(stacks):
+            break
+    else:
+        raise RuntimeError("no room for the stacks")
+    below = {}
+    for stack in stacks:
         for level, b in enumerate(stack):
-            i = ids.index(b)
-            shape = shapes[cells[i]]
-            blocks.append({"id": b, "shape": shape, "color": colors[i], "x": float(p[0]), "y": float(p[1]),
-                           "z": S.Z_TABLE + level * S.STACK_DZ, "yaw": float(rng.uniform(-math.pi, math.pi))})
             below[b] = stack[level - 1] if level else None
-    blocks.sort(key=lambda b: int(b["id"][1:]))
+    blocks = sorted((b for _, bs in placed for b in bs), key=lambda b: int(b["id"][1:]))
     return S.round_state({"board": board, "blocks": blocks, "below": below,
                           "cell_of": {b: cells[i] for i, b in enumerate(ids)}})
 
@@ -265,6 +326,15 @@ def plan_prompt(k: int, labels) -> str:
     )
 
 
+def plan_question(k: int) -> str:
+    """The question of the official prompt style (``<image N>`` markers, see :mod:`eval.reasoning.prompts`)."""
+    return ("<image 1> shows the start and <image 2> the goal: a 3x3 board of shaped holes and blocks in stacks. "
+            "One move takes a block that has nothing resting on it and drops it into its matching hole of the board "
+            f"(it falls through and stands on the table). Reaching the goal takes {k + 1} moves. The options show "
+            f"possible states; exactly {k} of them are the states after moves 1 to {k} of a legal plan, the others "
+            f"are wrong. Which {k} options, in the order of the moves?")
+
+
 def make_plan_item(rng: np.random.Generator, k: int, camera: str = "plan") -> dict:
     """Plan-k-step: k+1 moves from initial to target; k valid step states and k distractors."""
     for _ in range(100):
@@ -294,7 +364,8 @@ def make_plan_item(rng: np.random.Generator, k: int, camera: str = "plan") -> di
     images += [{"label": c["label"], "role": "candidate", "state": c["state"], "camera": camera} for c in candidates]
     return {
         "type": "plan", "k": k, "answer_format": "plan", "labels": list(labels),
-        "prompt": plan_prompt(k, labels), "images": images, "answer": answer,
+        "options": {lab: f"image {lab}" for lab in labels}, "prompt": plan_prompt(k, labels),
+        "question": plan_question(k), "images": images, "answer": answer,
         "meta": {"domain": dom, "target": sorted(target), "reference_order": order, "edges": edges(dom),
                  "kinds": {c["label"]: c["kind"] for c in candidates}},
     }
@@ -326,6 +397,26 @@ def score_plan(item: dict, chosen) -> dict:
         exact = len(rest) == 1 and is_topological_order(moves + sorted(rest), target, edges(dom))
     return {"exact": bool(exact), "set": set(chosen) == valid and len(chosen) == k, "overlap": float(overlap),
             "parsed": True}
+
+
+def legal_path(dom: dict, target: set, sets: list) -> tuple[bool, str]:
+    """(legal, reason) of the inserted sets at steps 1..k toward ``target``: each inside the target, closed
+    (every block resting on an inserted one inserted too), one block more than the step before, and the one
+    block left a legal last move. The Plan-k-Step-Generation matcher and the part-level verifier both end here."""
+    prev: set = set()
+    for i, s in enumerate(sets, start=1):
+        s = set(s)
+        if not s <= target:
+            return False, f"step {i}: a block outside the target is inserted"
+        if not all(u in s for b in s for u in uppers(dom, b)):
+            return False, f"step {i}: a block is inserted while another rests on it"
+        if not prev < s or len(s - prev) != 1:
+            return False, f"step {i} does not add exactly one block to step {i - 1}"
+        prev = s
+    rest = target - prev
+    if len(rest) != 1 or not all(u in prev for u in uppers(dom, next(iter(rest)))):
+        return False, "the last move is not legal"
+    return True, "legal path"
 
 
 def plan_chance(k: int) -> dict:

@@ -1,14 +1,23 @@
 """The 11 elementary question types. Every generator takes a seeded ``numpy`` Generator and
 returns an item whose answer is read from the exact scene state (see ``scene.py``).
 
-Item fields: ``type``, ``prompt``, ``answer_format`` (choice | yesno | order), ``labels``
-(choice/order), ``options`` (label -> text, choice), ``answer``, ``images`` (label, role,
-state, camera) and ``meta`` (what the oracle needs beyond the images' states).
+Item fields: ``type``, ``prompt`` (the legacy prompt: the question with its options inline, the images
+labelled after it), ``question`` (the question as the official LEGO-Puzzles prompt has it: ``<image N>`` where
+the N-th image goes, see :mod:`eval.reasoning.prompts`), ``answer_format`` (choice | yesno | order),
+``labels`` (choice/order), ``options`` (label -> text; an option that is a picture names it: "image B"),
+``answer``, ``images`` (label, role, state, camera) and ``meta`` (what the oracle needs beyond the images'
+states).
+
+Option counts are the paper's (LEGO-Puzzles, Tang et al. 2025: chance 1/3 for height with "same height",
+1/5 for next step and outlier, 1/2 for the yes/no types, 1/24 for ordering, 1/4 for the rest; overall chance
+27.5%), and the right answer's letter cycles with the item's index, so every letter is the answer equally often
+in the full set and in its Lite prefix.
 """
 
 from __future__ import annotations
 
 import math
+import string
 
 import numpy as np
 
@@ -18,8 +27,11 @@ from eval.reasoning import scene as S
 
 TYPES = ("height", "adjacency", "rotation", "multiview", "rotation_status", "position",
          "next_step", "dependency", "backwards", "ordering", "outlier")
-CHOICE4 = list("ABCD")
-ROTATION_STEP_DEG = 15
+LABELS = string.ascii_uppercase
+YES_NO = {"A": "Yes", "B": "No"}  # the yes/no types' options in the official prompt (A. Yes / B. No)
+ROTATION_STEPS = 4  # rotation options: 0, 1, 2, 3 quarters of the block's symmetry period (square 22.5 deg apart,
+# triangle 30 deg; issue 35: 15 deg steps could not be told apart at the render size)
+SAME_HEIGHT = "They are the same height."  # the official dataset's third height option
 
 
 # ----------------------------------------------------------------- standard scenes
@@ -36,7 +48,7 @@ def standard_scene(rng: np.random.Generator, yaw_deg: float = 15.0, permute: boo
     return st
 
 
-def free_xy(rng, st, exclude=(), region=((-0.32, -0.08), (-0.24, 0.24)), gap=0.02) -> tuple[float, float]:
+def free_xy(rng, st, exclude=(), region=S.TABLE_REGION, gap=0.02) -> tuple[float, float]:
     """A table spot clear of the board and of every block footprint (discs) except ``exclude``."""
     for _ in range(5000):
         p = np.array([rng.uniform(*region[0]), rng.uniform(*region[1])])
@@ -104,58 +116,91 @@ def _img(label, role, state, camera="front"):
     return {"label": label, "role": role, "state": S.round_state(state), "camera": camera}
 
 
-def _choice_item(kind, prompt, options, answer, images, meta=None, labels=None):
+def _choice_item(kind, prompt, question, options, answer, images, meta=None, labels=None):
     labels = labels or list(options)
-    return {"type": kind, "answer_format": "choice", "labels": labels, "options": options,
-            "prompt": prompt, "answer": answer, "images": images, "meta": meta or {}}
+    return {"type": kind, "answer_format": "choice", "labels": labels, "options": options, "prompt": prompt,
+            "question": question, "answer": answer, "images": images, "meta": meta or {}}
+
+
+def _yesno_item(kind, prompt, question, answer, images, meta):
+    return {"type": kind, "answer_format": "yesno", "labels": list(YES_NO), "options": dict(YES_NO),
+            "prompt": prompt, "question": question, "answer": answer, "images": images, "meta": meta}
 
 
 def _letters_prompt(labels) -> str:
     return f"Answer with one letter ({', '.join(labels)})."
 
 
-def _shuffle(rng, entries):
-    """entries: list of (payload, is_answer) -> (labels, payloads in label order, answer label)."""
-    perm = rng.permutation(len(entries))
-    labels = CHOICE4[: len(entries)]
-    payloads = [entries[j][0] for j in perm]
-    answer = next(lab for lab, j in zip(labels, perm) if entries[j][1])
-    return labels, payloads, answer
+def _inline(options) -> str:
+    return " ".join(f"{lab}: {txt}." for lab, txt in options.items())
+
+
+def _arrange(rng, answer, wrong, slot: int):
+    """The answer at position ``slot`` (the item's index modulo the option count: balanced letters), the wrong
+    payloads shuffled around it -> (labels, payloads in label order, answer label)."""
+    wrong = [wrong[int(j)] for j in rng.permutation(len(wrong))]
+    payloads = wrong[:slot] + [answer] + wrong[slot:]
+    labels = list(LABELS[: len(payloads)])
+    return labels, payloads, labels[slot]
+
+
+def _image_options(labels) -> dict:
+    return {lab: f"image {lab}" for lab in labels}
 
 
 # ----------------------------------------------------------------- 1 height
+def _inserted(st, b) -> bool:
+    return abs(b["z"] - S.Z_TABLE) < 1e-9 and S.over_board(st["board"], (b["x"], b["y"]), 0.0, 0.0)
+
+
 def q_height(rng, index):
-    want_conflict = index % 2 == 0  # half the items: the image-plane position says the opposite
-    for _ in range(500):
+    """Which of two blocks is higher above the table, or are they at the same height (the paper's three
+    options)? Never a block inside a hole (its centre is as high as a block on the table, though it looks
+    sunk). Half the A/B items have the image-plane position say the opposite."""
+    want = index % 3  # 0: A higher, 1: B higher, 2: the same height
+    want_conflict = (index // 3) % 2 == 0
+    for _ in range(1000):
         st = varied_scene(rng)
         a, b = [st["blocks"][int(i)] for i in rng.permutation(3)[:2]]
-        if abs(a["z"] - b["z"]) < 0.025:
+        if _inserted(st, a) or _inserted(st, b):
             continue
-        (ua, va), (ub, vb) = S.project("front", [[a["x"], a["y"], a["z"]], [b["x"], b["y"], b["z"]]])
+        dz = a["z"] - b["z"]
+        if want == 2:
+            if abs(dz) > 1e-9:
+                continue
+            conflict = False
+            break
+        if (dz > 0) != (want == 0) or abs(dz) < 0.025:
+            continue
+        (_, va), (_, vb) = S.project("front", [[a["x"], a["y"], a["z"]], [b["x"], b["y"], b["z"]]])
         conflict = (a["z"] > b["z"]) != (va < vb)
         if conflict == want_conflict:
             break
     else:
         raise RuntimeError("height: no scene")
-    options = {"A": S.block_name(a), "B": S.block_name(b)}
-    prompt = (f"Which block is higher above the table (compare the heights of their centres in 3D, "
-              f"not their positions in the image)? A: {options['A']}, B: {options['B']}. "
-              + _letters_prompt(["A", "B"]))
-    return _choice_item("height", prompt, options, "A" if a["z"] > b["z"] else "B", [_img("Image 1", "scene", st)],
+    options = {"A": S.block_name(a), "B": S.block_name(b), "C": SAME_HEIGHT}
+    prompt = ("Which block is higher above the table (compare the heights of their centres in 3D, not their "
+              f"positions in the image)? {_inline(options)} " + _letters_prompt(list(options)))
+    question = ("<image 1> The image shows a table with a board of shaped holes and coloured blocks. Compare the "
+                "heights of the centres of two blocks above the table in 3D space, not their positions in the "
+                f"image. Which block is higher: {S.block_name(a)} or {S.block_name(b)}?")
+    return _choice_item("height", prompt, question, options, "ABC"[want], [_img("Image 1", "scene", st)],
                         {"subjects": {"A": a["id"], "B": b["id"]}, "image_plane_conflict": bool(conflict)})
 
 
 # ----------------------------------------------------------------- 2 adjacency
 TOUCH_M = 0.001  # touching: closest points at most 1 mm apart
 APART_MIN_M = 0.012
-# a "no" item's gap must show in the image it comes with: its silhouettes at least this many pixels apart (a
-# 16 mm gap along the line of sight shows as none; issue 21 found 22 of 50 "no" items under 3 px)
-APART_MIN_PX = 3.0
+# A "no" item's gap must be one a person sees in the image it comes with: the two silhouettes at least this many
+# pixels apart at the render size (about 2% of the picture). Measured on renders (tests): at 8 px the pixels
+# between the two blocks show at least 5 px of table or board, neither block's colour, after anti-aliasing
+# and with the key light's shadows; at 3 px (issue 21's minimum) two such gaps looked like touching (issue 35).
+APART_MIN_PX = 8.0
 
 
 def q_adjacency(rng, index):
     touch = index % 2 == 0
-    for _ in range(500):
+    for _ in range(1000):
         st = standard_scene(rng)
         a, b, c = [st["blocks"][int(i)] for i in rng.permutation(3)]
         if touch and rng.uniform() < 0.3:
@@ -163,7 +208,9 @@ def q_adjacency(rng, index):
         else:
             gap = 0.0003 if touch else rng.uniform(APART_MIN_M, 0.05)
             b["x"], b["y"] = S.place_beside(a, b["shape"], b["yaw"], rng.uniform(-math.pi, math.pi), gap)
-            if S.over_board(st["board"], (b["x"], b["y"]), S.radius(b["shape"])) or not (-0.4 < b["x"] < -0.05):
+            (x0, x1), (y0, y1) = S.TABLE_REGION
+            if S.over_board(st["board"], (b["x"], b["y"]), S.radius(b["shape"])) or not (
+                    x0 - 0.02 < b["x"] < x1 + 0.02 and y0 - 0.02 < b["y"] < y1 + 0.02):
                 continue
         if min(S.blocks_distance(c, a), S.blocks_distance(c, b)) < 0.015:
             continue
@@ -172,48 +219,17 @@ def q_adjacency(rng, index):
             break
     else:
         raise RuntimeError("adjacency: no scene")
-    prompt = (f"Do {S.block_name(a)} and {S.block_name(b)} touch each other? Answer yes or no.")
-    return {"type": "adjacency", "answer_format": "yesno", "prompt": prompt, "answer": "yes" if d <= TOUCH_M else "no",
-            "images": [_img("Image 1", "scene", st)], "meta": {"subjects": [a["id"], b["id"]], "distance_m": d}}
-
-
-def _hull2d(pts) -> np.ndarray:
-    """Convex hull of 2-D points, counter-clockwise (monotone chain, plain float arithmetic)."""
-    pts = sorted({(float(x), float(y)) for x, y in pts})
-    if len(pts) < 3:
-        return np.asarray(pts, float)
-
-    def cross(o, a, b):
-        return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
-
-    lower, upper = [], []
-    for p in pts:
-        while len(lower) >= 2 and cross(lower[-2], lower[-1], p) <= 0:
-            lower.pop()
-        lower.append(p)
-    for p in reversed(pts):
-        while len(upper) >= 2 and cross(upper[-2], upper[-1], p) <= 0:
-            upper.pop()
-        upper.append(p)
-    return np.asarray(lower[:-1] + upper[:-1], float)
-
-
-def silhouette(block: dict, camera: str, size: int = S.IMAGE_SIZE) -> np.ndarray:
-    """Image outline (convex hull, pixels) of a block: its prism and the knob on top."""
-    fp = S.footprint(block)
-    z0, z1 = block["z"] - S.H / 2, block["z"] + S.H / 2
-    c, s_ = math.cos(block["yaw"]), math.sin(block["yaw"])
-    h = geometry.KNOB_SIDE / 2
-    knob = [(block["x"] + u * c - v * s_, block["y"] + u * s_ + v * c) for u in (-h, h) for v in (-h, h)]
-    pts = [(x, y, z) for x, y in fp for z in (z0, z1)]
-    pts += [(x, y, z) for x, y in knob for z in (z1, z1 + geometry.KNOB_HEIGHT)]
-    return _hull2d(S.project(camera, pts, size))
+    prompt = f"Do {S.block_name(a)} and {S.block_name(b)} touch each other? Answer yes or no."
+    question = (f"<image 1> The image shows a table with a board of shaped holes and coloured blocks. Do "
+                f"{S.block_name(a)} and {S.block_name(b)} touch each other?")
+    return _yesno_item("adjacency", prompt, question, "yes" if d <= TOUCH_M else "no", [_img("Image 1", "scene", st)],
+                       {"subjects": [a["id"], b["id"]], "distance_m": d})
 
 
 def gap_in_image_px(a: dict, b: dict, camera: str, size: int = S.IMAGE_SIZE) -> float:
     """Pixels between two blocks' silhouettes in a camera's image: 0 when one hides part of the other.
     A 'no' adjacency answer is decidable from the picture only if this is a few pixels or more."""
-    return S.polygon_distance(silhouette(a, camera, size), silhouette(b, camera, size))
+    return S.polygon_distance(S.silhouette(a, camera, size), S.silhouette(b, camera, size))
 
 
 # ----------------------------------------------------------------- 3 rotation
@@ -224,22 +240,25 @@ def rotation_needed_deg(shape, block_yaw, hole_yaw) -> float:
 
 
 def q_rotation(rng, index):
+    """How far must a square or triangle turn (counter-clockwise, seen from above) to fit its hole? Options
+    0, 1, 2 and 3 quarters of its symmetry period in that order (square: 0, 22.5, 45, 67.5 degrees)."""
     st = standard_scene(rng, yaw_deg=20)
     blk = st["blocks"][1 + int(rng.integers(2))]  # square or triangle: the circle fits at any yaw
     period = math.degrees(geometry.symmetry_period(blk["shape"]))
-    values = list(range(ROTATION_STEP_DEG, int(period), ROTATION_STEP_DEG))
-    r = int(rng.choice(values))
+    values = [period * i / ROTATION_STEPS for i in range(ROTATION_STEPS)]
+    r = values[index % ROTATION_STEPS]
     blk["yaw"] = float(st["board"]["yaw"] - math.radians(r) + int(rng.integers(-1, 2)) * math.radians(period))
-    blk["x"], blk["y"] = free_xy(rng, st, exclude=(blk["id"],), region=((-0.2, -0.1), (-0.16, 0.16)))
-    others = [v for v in values if v != r]
-    opts = [r] + [int(v) for v in rng.choice(others, 3, replace=False)]
-    labels, vals, answer = _shuffle(rng, [(v, i == 0) for i, v in enumerate(opts)])
-    options = {lab: f"{v} degrees" for lab, v in zip(labels, vals)}
+    blk["x"], blk["y"] = free_xy(rng, st, exclude=(blk["id"],))
+    labels = list(LABELS[:ROTATION_STEPS])
+    options = {lab: f"{v:g} degrees" for lab, v in zip(labels, values)}
     prompt = (f"The image is a top view. By how many degrees must {S.block_name(blk)} turn counter-clockwise "
-              f"(seen from above) so that it fits into its hole? "
-              + " ".join(f"{lab}: {options[lab]}." for lab in labels) + " " + _letters_prompt(labels))
-    return _choice_item("rotation", prompt, options, answer, [_img("Image 1", "scene", st, "top")],
-                        {"subject": blk["id"], "values_deg": dict(zip(labels, vals))})
+              f"(seen from above) so that it fits into its hole? {_inline(options)} " + _letters_prompt(labels))
+    question = (f"<image 1> The image is a top view of a table with a board of shaped holes and coloured blocks. By "
+                f"how many degrees must {S.block_name(blk)} turn counter-clockwise (seen from above) so that it fits "
+                "into its matching hole?")
+    return _choice_item("rotation", prompt, question, options, labels[index % ROTATION_STEPS],
+                        [_img("Image 1", "scene", st, "top")],
+                        {"subject": blk["id"], "values_deg": dict(zip(labels, values))})
 
 
 # ----------------------------------------------------------------- 4 multiview
@@ -308,11 +327,13 @@ def q_multiview(rng, index):
         if d is not None and S.canonical(S.round_state(d)) not in seen:
             seen.add(S.canonical(S.round_state(d)))
             entries.append((d, False))
-    labels, states, answer = _shuffle(rng, entries)
+    labels, states, answer = _arrange(rng, entries[0][0], [e[0] for e in entries[1:]], index % len(entries))
     images = [_img("Image 1", "reference", st, ref_cam)] + [_img(lab, "candidate", s, cand_cam) for lab, s in zip(labels, states)]
     prompt = (f"Image 1 shows a scene from the {ref_cam} camera. Images A-D are taken from the {cand_cam} camera. "
               f"Which of them shows the same scene as Image 1? " + _letters_prompt(labels))
-    return _choice_item("multiview", prompt, {lab: f"image {lab}" for lab in labels}, answer, images,
+    question = (f"<image 1> shows a scene (a table, a board of shaped holes and coloured blocks) from the {ref_cam} "
+                f"camera. The options are pictures taken from the {cand_cam} camera. Which of them shows the same scene?")
+    return _choice_item("multiview", prompt, question, _image_options(labels), answer, images,
                         {"reference_camera": ref_cam, "candidate_camera": cand_cam})
 
 
@@ -328,13 +349,15 @@ def q_rotation_status(rng, index):
         period = geometry.symmetry_period(blk["shape"])
         off = rng.uniform(math.radians(15), period / 2) * rng.choice([-1.0, 1.0]) if turn else 0.0
         blk["yaw"] = float(hole_yaw + off + int(rng.integers(-1, 2)) * period)
-    blk["x"], blk["y"] = free_xy(rng, st, exclude=(blk["id"],), region=((-0.2, -0.1), (-0.16, 0.16)))
+    blk["x"], blk["y"] = free_xy(rng, st, exclude=(blk["id"],))
     fits = S.yaw_fits(blk["shape"], blk["yaw"], hole_yaw)
     assert fits != turn
     prompt = (f"The image is a top view. Must {S.block_name(blk)} turn about the vertical axis before it can fit "
               f"into its hole? Answer yes or no.")
-    return {"type": "rotation_status", "answer_format": "yesno", "prompt": prompt, "answer": "no" if fits else "yes",
-            "images": [_img("Image 1", "scene", st, "top")], "meta": {"subject": blk["id"]}}
+    question = (f"<image 1> The image is a top view of a table with a board of shaped holes and coloured blocks. Must "
+                f"{S.block_name(blk)} turn about the vertical axis before it can fit into its matching hole?")
+    return _yesno_item("rotation_status", prompt, question, "no" if fits else "yes",
+                       [_img("Image 1", "scene", st, "top")], {"subject": blk["id"]})
 
 
 # ----------------------------------------------------------------- 6 position
@@ -400,60 +423,102 @@ def q_position(rng, index):
         break
     else:
         raise RuntimeError("position: no scene")
-    labels = CHOICE4
+    labels = list(LABELS[:4])
     options = dict(zip(labels, POSITION_OPTIONS))
     prompt = ("Image 1 shows the current scene, Image 2 a part, and Image 3 the scene after that part was placed. "
               "Where was the part placed (left and right as seen in Images 1 and 3)? "
-              + " ".join(f"{lab}: {options[lab]}." for lab in labels) + " " + _letters_prompt(labels))
+              + _inline(options) + " " + _letters_prompt(labels))
+    question = ("<image 1> is the current scene (a table, a board of shaped holes and coloured blocks), <image 2> a "
+                "part, and <image 3> the scene after that part was placed. Where was the part placed (left and right "
+                "as seen in the scene pictures)?")
     images = [_img("Image 1", "current", st, camera), _img("Image 2", "part", S.part_state([part], st["board"]), "part"),
               _img("Image 3", "result", after, camera)]
-    return _choice_item("position", prompt, options, labels[want], images,
+    return _choice_item("position", prompt, question, options, labels[want], images,
                         {"subject": part["id"], "camera": camera, "placement": placement})
 
 
 # ----------------------------------------------------------------- 7 next step
-def q_next_step(rng, index):
-    st = standard_scene(rng)
+NEXT_STEP_OPTIONS = 5  # the paper's count: the right state and four wrong ones
+
+
+def _next_step_pool(rng, st, x, waiting) -> list[tuple[dict, str]]:
+    """Wrong states one step on from ``st`` when the instruction is to insert ``x``: x on a hole of another
+    shape, another block inserted, x on its own hole at a yaw that does not fit, x moved on the table, nothing
+    done, x and another block inserted, x put on another block, x inserted while a block already in its hole is
+    taken out."""
     blocks = st["blocks"]
-    if rng.uniform() < 0.5:  # one block already in its hole
-        insert(st, blocks[int(rng.integers(3))])
-    waiting = [b for b in blocks if abs(b["z"] - S.Z_TABLE) > 1e-9 or not S.over_board(st["board"], (b["x"], b["y"]), 0, 0)]
-    x = waiting[int(rng.integers(len(waiting)))]
     ix = blocks.index(x)
-    good = copy_state(st)
-    insert(good, good["blocks"][ix])
     pool = []
     occupied = {cell_index(st, b["shape"]) for b in blocks if b not in waiting}
     wrong_cells = [i for i in range(3) if i != cell_index(st, x["shape"]) and i not in occupied]
-    d = copy_state(st)
-    rest_on_cell(d, d["blocks"][ix], wrong_cells[int(rng.integers(len(wrong_cells)))], rng.uniform(-math.pi, math.pi))
-    pool.append((d, "wrong_hole"))
+    if wrong_cells:
+        d = copy_state(st)
+        rest_on_cell(d, d["blocks"][ix], wrong_cells[int(rng.integers(len(wrong_cells)))], rng.uniform(-math.pi, math.pi))
+        pool.append((d, "wrong_hole"))
     other = [b for b in waiting if b is not x]
     if other:
         d = copy_state(st)
         insert(d, d["blocks"][blocks.index(other[int(rng.integers(len(other)))])])
         pool.append((d, "wrong_block"))
+        d = copy_state(st)
+        insert(d, d["blocks"][ix])
+        insert(d, d["blocks"][blocks.index(other[int(rng.integers(len(other)))])])
+        pool.append((d, "two_steps"))
+        d = copy_state(st)
+        base = d["blocks"][blocks.index(other[int(rng.integers(len(other)))])]
+        d["blocks"][ix].update(x=base["x"], y=base["y"], z=base["z"] + S.STACK_DZ, yaw=float(rng.uniform(-math.pi, math.pi)))
+        pool.append((d, "stacked"))
     if x["shape"] != "circle":
         d = copy_state(st)
         period = geometry.symmetry_period(x["shape"])
         rest_on_cell(d, d["blocks"][ix], cell_index(st, x["shape"]),
                      st["board"]["yaw"] + rng.uniform(math.radians(20), period / 2) * rng.choice([-1.0, 1.0]))
         pool.append((d, "bad_yaw"))
+    done = [b for b in blocks if b not in waiting]
+    if done:
+        d = copy_state(st)
+        insert(d, d["blocks"][ix])
+        back = d["blocks"][blocks.index(done[0])]
+        back["x"], back["y"] = free_xy(rng, d, exclude=(back["id"],))
+        back["yaw"] = float(rng.uniform(-math.pi, math.pi))
+        pool.append((d, "taken_out"))
     d = copy_state(st)
     for _ in range(200):  # moved far enough to be seen
         xy = free_xy(rng, d, exclude=(x["id"],))
-        if math.hypot(xy[0] - x["x"], xy[1] - x["y"]) > 0.08:
+        if math.hypot(xy[0] - x["x"], xy[1] - x["y"]) > 0.06:
             d["blocks"][ix]["x"], d["blocks"][ix]["y"] = xy
             pool.append((d, "moved_on_table"))
             break
     pool.append((copy_state(st), "unchanged"))
-    chosen = [pool[int(j)] for j in rng.permutation(len(pool))[:3]]
-    labels, states, answer = _shuffle(rng, [(good, True)] + [(s, False) for s, _ in chosen])
-    images = [_img("Image 1", "current", st)] + [_img(lab, "candidate", s) for lab, s in zip(labels, states)]
+    return pool
+
+
+def q_next_step(rng, index):
+    for _ in range(200):
+        st = standard_scene(rng)
+        blocks = st["blocks"]
+        if rng.uniform() < 0.5:  # one block already in its hole
+            insert(st, blocks[int(rng.integers(3))])
+        waiting = [b for b in blocks if not _inserted(st, b)]
+        x = waiting[int(rng.integers(len(waiting)))]
+        good = copy_state(st)
+        insert(good, good["blocks"][blocks.index(x)])
+        pool = _next_step_pool(rng, st, x, waiting)
+        if len(pool) >= NEXT_STEP_OPTIONS - 1:
+            break
+    else:
+        raise RuntimeError("next step: too few wrong states")
+    chosen = [pool[int(j)] for j in rng.permutation(len(pool))[:NEXT_STEP_OPTIONS - 1]]
+    labels, states, answer = _arrange(rng, (good, "right"), chosen, index % NEXT_STEP_OPTIONS)
+    images = [_img("Image 1", "current", st)] + [_img(lab, "candidate", s, "front") for lab, (s, _) in zip(labels, states)]
+    span = f"{labels[0]}-{labels[-1]}"
     prompt = (f"Image 1 shows the current state. Instruction: put {S.block_name(x)} into its matching hole. "
-              f"Which of images A-D shows the state right after this step is done correctly? " + _letters_prompt(labels))
-    return _choice_item("next_step", prompt, {lab: f"image {lab}" for lab in labels}, answer, images,
-                        {"subject": x["id"], "distractor_kinds": [k for _, k in chosen]})
+              f"Which of images {span} shows the state right after this step is done correctly? " + _letters_prompt(labels))
+    question = (f"<image 1> is the current state of a table with a board of shaped holes and coloured blocks. "
+                f"Instruction: put {S.block_name(x)} into its matching hole (it falls through and stands on the "
+                "table under the hole). Which option shows the state right after this step is done correctly?")
+    return _choice_item("next_step", prompt, question, _image_options(labels), answer, images,
+                        {"subject": x["id"], "distractor_kinds": [k for _, k in states if k != "right"]})
 
 
 # ----------------------------------------------------------------- 8 dependency
@@ -518,14 +583,17 @@ def q_dependency(rng, index):
             break
     else:
         raise RuntimeError("dependency: no part sets")
-    labels, sets, answer = _shuffle(rng, entries)
+    labels, sets, answer = _arrange(rng, entries[0][0], [e[0] for e in entries[1:]], index % len(entries))
     images = [_img("Image 1", "before", before), _img("Image 2", "after", after)]
     for lab, parts in zip(labels, sets):
         parts = [dict(b, id=f"p{j}") for j, b in enumerate(parts)]
         images.append(_img(lab, "candidate", S.part_state(parts, st["board"]), "part"))
     prompt = ("Images 1 and 2 show the same assembly before and after one step. Images A-D each show a set of "
               "parts. Which set holds exactly the parts added in that step? " + _letters_prompt(labels))
-    return _choice_item("dependency", prompt, {lab: f"image {lab}" for lab in labels}, answer, images,
+    question = ("<image 1> and <image 2> show the same assembly (a board of shaped holes and coloured blocks) before "
+                "and after one step. Each option shows a set of parts. Which set holds exactly the parts added in "
+                "that step?")
+    return _choice_item("dependency", prompt, question, _image_options(labels), answer, images,
                         {"parts_added": len(added)})
 
 
@@ -551,49 +619,67 @@ def q_backwards(rng, index):
         path = P.random_order(dom, rng, target)
         steps.append((path[:j], path[j]))
     dis = P.draw_distractors(dom, steps, target, rng, avoid=avoid)
-    labels, states, answer = _shuffle(rng, [(good, True)] + [(s, False) for s, _ in dis])
+    labels, states, answer = _arrange(rng, good, [st for st, _ in dis], index % (len(dis) + 1))
     images = [_img("Initial", "initial", P.state_of(dom, ()), "plan"), _img("Target", "target", P.state_of(dom, target), "plan")]
     images += [_img(lab, "candidate", s, "plan") for lab, s in zip(labels, states)]
     prompt = (RULES + "Image 'Initial' shows the start and 'Target' the goal. Which of images A-D is a valid "
               "intermediate state on the way from the start to the goal? " + _letters_prompt(labels))
-    return _choice_item("backwards", prompt, {lab: f"image {lab}" for lab in labels}, answer, images,
+    question = (RULES + "<image 1> shows the start and <image 2> the goal. Which option is a valid intermediate "
+                "state on the way from the start to the goal?")
+    return _choice_item("backwards", prompt, question, _image_options(labels), answer, images,
                         {"domain": dom, "target": sorted(target), "distractor_kinds": [k for _, k in dis]})
 
 
+ORDERING_STATES = 4
+
+
 def q_ordering(rng, index):
-    dom = P.make_domain(rng, int(rng.integers(4, 8)))
+    """Four intermediate states of one assembly, shuffled, with its start and its end shown: put them in order.
+    The first state's letter cycles with the item's index."""
+    dom = P.make_domain(rng, int(rng.integers(ORDERING_STATES + 1, 9)))
     order = P.random_order(dom, rng)
-    picks = sorted(int(i) for i in rng.choice(len(order) + 1, 4, replace=False))
+    picks = sorted(int(i) for i in rng.choice(np.arange(1, len(order)), ORDERING_STATES, replace=False))
     states = [P.state_of(dom, order[:i]) for i in picks]
-    perm = rng.permutation(4)
-    labels = CHOICE4
-    shown = [states[j] for j in perm]
-    answer = [labels[list(perm).index(i)] for i in range(4)]
-    images = [_img(lab, "state", s, "plan") for lab, s in zip(labels, shown)]
-    prompt = (RULES + "Images A-D show four states of one assembly, in which blocks are moved one at a time. "
-              "Put them in order from first to last. Answer with the four letters in order, e.g. 'Answer: C, A, D, B'.")
-    return {"type": "ordering", "answer_format": "order", "labels": labels, "prompt": prompt, "answer": answer,
-            "images": images, "meta": {"domain": dom, "steps": picks}}
+    first = index % ORDERING_STATES
+    rest = [int(j) for j in rng.permutation(np.arange(1, ORDERING_STATES))]
+    slots = rest[:first] + [0] + rest[first:]  # slots[label position] = step index shown there
+    labels = list(LABELS[:ORDERING_STATES])
+    shown = [states[j] for j in slots]
+    answer = [labels[slots.index(i)] for i in range(ORDERING_STATES)]
+    images = [_img("Initial", "initial", P.state_of(dom, ()), "plan"), _img("Target", "target", P.state_of(dom, order), "plan")]
+    images += [_img(lab, "state", s, "plan") for lab, s in zip(labels, shown)]
+    prompt = (RULES + "Image 'Initial' shows the start and 'Target' the end of one assembly, in which blocks are moved "
+              "one at a time. Images A-D show four states in between. Put them in order from first to last. Answer "
+              "with the four letters in order, e.g. 'Answer: C, A, D, B'.")
+    question = (RULES + "<image 1> shows the start and <image 2> the end of one assembly, in which blocks are moved one "
+                "at a time. The options show four states in between. Put them in order from first to last.")
+    return {"type": "ordering", "answer_format": "order", "labels": labels, "options": _image_options(labels),
+            "prompt": prompt, "question": question, "answer": answer, "images": images,
+            "meta": {"domain": dom, "steps": picks}}
+
+
+OUTLIER_OPTIONS = 5  # the paper's count: four states of one sequence and the one that does not belong
 
 
 def outlier_candidates(dom, states) -> list[int]:
-    """Indices i such that the other three states are legal and nested (one sequence)."""
+    """Indices i such that the other states are legal, nested and distinct (one sequence)."""
     read = [P.read_state(dom, s) for s in states]
     out = []
     for i in range(len(states)):
         rest = [r for j, r in enumerate(read) if j != i]
         if all(ok for ok, _ in rest):
             sets = [ins for _, ins in rest]
-            if all(a <= b or b <= a for a in sets for b in sets) and len({frozenset(s) for s in sets}) == 3:
+            if all(a <= b or b <= a for a in sets for b in sets) and len({frozenset(s) for s in sets}) == len(rest):
                 out.append(i)
     return out
 
 
 def q_outlier(rng, index):
+    n_chain = OUTLIER_OPTIONS - 1
     for _ in range(200):
-        dom = P.make_domain(rng, int(rng.integers(4, 8)))
+        dom = P.make_domain(rng, int(rng.integers(n_chain, 8)))
         order = P.random_order(dom, rng)
-        picks = sorted(int(i) for i in rng.choice(len(order) + 1, 3, replace=False))
+        picks = sorted(int(i) for i in rng.choice(len(order) + 1, n_chain, replace=False))
         chain = [P.state_of(dom, order[:i]) for i in picks]
         if rng.uniform() < 0.3:  # a legal state from another sequence
             other = P.random_order(dom, rng)
@@ -604,16 +690,18 @@ def q_outlier(rng, index):
             odd = P.distractor(dom, kind, set(order[:j]), order[j], set(order), rng)
             if odd is None:
                 continue
-        states = chain + [odd]
-        if outlier_candidates(dom, states) == [3]:
+        if outlier_candidates(dom, chain + [odd]) == [n_chain]:
             break
     else:
         raise RuntimeError("outlier: no item")
-    labels, shown, answer = _shuffle(rng, [(s, i == 3) for i, s in enumerate(states)])
+    labels, shown, answer = _arrange(rng, odd, chain, index % OUTLIER_OPTIONS)
     images = [_img(lab, "state", s, "plan") for lab, s in zip(labels, shown)]
-    prompt = (RULES + "Three of images A-D are states of one assembly sequence; one does not belong to it "
+    span = f"{labels[0]}-{labels[-1]}"
+    prompt = (RULES + f"{n_chain} of images {span} are states of one assembly sequence; one does not belong to it "
               "(it could not occur in the same sequence, or could not occur at all). Which one? " + _letters_prompt(labels))
-    return _choice_item("outlier", prompt, {lab: f"image {lab}" for lab in labels}, answer, images,
+    question = (RULES + f"{n_chain} of the options are states of one assembly sequence; one does not belong to it (it "
+                "could not occur in the same sequence, or could not occur at all). Which one?")
+    return _choice_item("outlier", prompt, question, _image_options(labels), answer, images,
                         {"domain": dom, "outlier_kind": kind})
 
 
@@ -623,6 +711,6 @@ GENERATORS = {
     "dependency": q_dependency, "backwards": q_backwards, "ordering": q_ordering, "outlier": q_outlier,
 }
 
-CHANCE = {"height": 1 / 2, "adjacency": 1 / 2, "rotation": 1 / 4, "multiview": 1 / 4, "rotation_status": 1 / 2,
-          "position": 1 / 4, "next_step": 1 / 4, "dependency": 1 / 4, "backwards": 1 / 4, "ordering": 1 / 24,
-          "outlier": 1 / 4}
+CHANCE = {"height": 1 / 3, "adjacency": 1 / 2, "rotation": 1 / ROTATION_STEPS, "multiview": 1 / 4,
+          "rotation_status": 1 / 2, "position": 1 / 4, "next_step": 1 / NEXT_STEP_OPTIONS, "dependency": 1 / 4,
+          "backwards": 1 / 4, "ordering": 1 / math.factorial(ORDERING_STATES), "outlier": 1 / OUTLIER_OPTIONS}

@@ -2,7 +2,10 @@
 
 Per elementary type: accuracy with a Wilson 95% interval, the chance level and the critical
 accuracy (smallest accuracy whose one-sided binomial p-value against chance is <= 0.05),
-unparseable answers and latency. Planning: exact / set match (Wilson) and mean overlap
+unparseable answers and latency. Overall and Lite Overall (the paper's headline numbers): the mean of
+the 11 types' accuracies, with its chance (the mean of theirs: 27.5% with the paper's option counts),
+a Wilson interval on the pooled count and the critical accuracy of the pooled count under chance
+(a sum of binomials, exact). Planning: exact / set match (Wilson) and mean overlap
 (percentile bootstrap) against k, with their chance levels, and a PNG curve.
 """
 
@@ -132,6 +135,8 @@ def run_items(items, answerer, data_dir, progress=True, max_fail_share=0.1, min_
     records, failed, asked = [], 0, 0
     for item in tqdm(items, desc=f"answering ({answerer.name})", unit="q", disable=not progress):
         t0 = time.monotonic()
+        if hasattr(answerer, "last_info"):
+            answerer.last_info = {}
         error, info = None, {}
         try:
             raw = answerer.answer(item, data_dir)
@@ -139,7 +144,8 @@ def run_items(items, answerer, data_dir, progress=True, max_fail_share=0.1, min_
         except Exception as e:  # a failed query is a wrong, reported answer, not a crash
             raw, error = None, str(e) if isinstance(e, QueryError) else f"{type(e).__name__}: {e}"
             info = dict(getattr(e, "info", None) or {})
-        ms = (time.monotonic() - t0) * 1000
+        wall_ms = (time.monotonic() - t0) * 1000
+        ms = wall_ms - 1000 * float(info.get("retry_wait_s") or 0.0)  # latency: the queries, not the waits between
         refused = bool(info.get("refused"))
         if not refused:
             asked += 1
@@ -147,7 +153,7 @@ def run_items(items, answerer, data_dir, progress=True, max_fail_share=0.1, min_
         parsed = parse_answer(item, raw) if raw is not None else None
         rec = {"id": item["id"], "type": item["type"], "set": item["set"], "lite": item["lite"], "raw": raw,
                "parsed": parsed, "parsed_ok": parsed is not None, "parsed_by": "rules" if parsed is not None else None,
-               "error": error, "latency_ms": ms}
+               "error": error, "latency_ms": ms, "wall_ms": wall_ms}
         rec.update({k: info[k] for k in INFO_KEYS if k in info})
         if extract_with and raw is not None and parsed is None:
             try:
@@ -168,6 +174,9 @@ def run_items(items, answerer, data_dir, progress=True, max_fail_share=0.1, min_
         if error and not refused and failed >= min_failures and failed > max_fail_share * asked:
             raise RunStopped(f"stopped after {asked} queries: {failed} failed ({100 * failed / asked:.0f}%, more "
                              f"than --max-fail-share {max_fail_share:g}); last: {item['id']}: {error}", records)
+    if asked and failed == asked:  # too few to trip the share rule: a report of errors alone is no result
+        last = next(r for r in reversed(records) if r["error"])
+        raise RunStopped(f"every query failed ({failed} of {asked}); last: {last['id']}: {last['error']}", records)
     return records
 
 
@@ -184,6 +193,35 @@ def _type_row(recs, chance):
             "parsed_by_model": sum(r.get("parsed_by") == "model" for r in recs),
             "correct_rules_only": sum(r["correct"] and r.get("parsed_by") != "model" for r in recs),
             "latency_ms": _latency([r["latency_ms"] for r in recs])}
+
+
+def pooled_critical_count(rows, alpha: float = ALPHA) -> int | None:
+    """Smallest c with P(sum of Binomial(n_t, chance_t) over the rows >= c) <= alpha (exact convolution)."""
+    from scipy.stats import binom
+
+    pmf = np.array([1.0])
+    for r in rows:
+        pmf = np.convolve(pmf, binom.pmf(np.arange(r["n"] + 1), r["n"], r["chance"]))
+    tail = np.cumsum(pmf[::-1])[::-1]  # tail[c] = P(total >= c)
+    hits = np.nonzero(tail <= alpha)[0]
+    return int(hits[0]) if len(hits) else None
+
+
+def overall_row(rows: dict) -> dict | None:
+    """The paper's Overall: the mean of the types' accuracies, with the mean chance; the interval and the
+    critical accuracy are those of the pooled count (the same as the mean when every type has the same n)."""
+    if not rows:
+        return None
+    vals = list(rows.values())
+    n, k = sum(r["n"] for r in vals), sum(r["correct"] for r in vals)
+    acc = float(np.mean([r["accuracy"] for r in vals]))
+    chance = float(np.mean([r["chance"] for r in vals]))
+    crit = pooled_critical_count(vals)
+    ci = _ci(k, n)
+    return {"types": len(vals), "n": n, "correct": k, "accuracy": acc, "ci": ci, "chance": chance,
+            "critical_count": crit, "critical_accuracy": crit / n if crit is not None else None,
+            "above_chance": crit is not None and k >= crit, "ci_covers_chance": ci[0] <= chance <= ci[1],
+            "equal_n": len({r["n"] for r in vals}) == 1}
 
 
 def _bootstrap_mean(x, n_boot=5000, seed=0):
@@ -222,6 +260,7 @@ def summarize(records, answerer_name, manifest, answerer_info: dict | None = Non
             row[key]["ci_covers_chance"] = row[key]["ci"][0] <= row[key]["chance"] <= row[key]["ci"][1]
         row["overlap"]["ci_covers_chance"] = row["overlap"]["ci"][0] <= ch["overlap"] <= row["overlap"]["ci"][1]
         out["planning"][f"k{k}"] = row
+    out["overall"] = {table: overall_row(out[table]) for table in ("elementary", "elementary_lite")}
     all_ms = [r["latency_ms"] for r in records]
     out["latency_ms"] = _latency(all_ms)
     out["queries"] = query_stats(records)
@@ -389,12 +428,28 @@ def write_markdown(summary, path) -> None:
                   f"{e['failed']} failed. The accuracy columns count them; 'rules only' does not.", ""]
     lat = s["latency_ms"]
     if lat:
-        lines += [f"Latency per question (ms): mean {lat['mean']:.2f}, p50 {lat['p50']:.2f}, p90 {lat['p90']:.2f}, "
-                  f"max {lat['max']:.2f}.", ""]
-    for title, key in (("Elementary questions (100 per type)", "elementary"), ("Lite subset (20 per type)", "elementary_lite")):
+        lines += [f"Latency per question (ms; the waits between retries not counted): mean {lat['mean']:.2f}, "
+                  f"p50 {lat['p50']:.2f}, p90 {lat['p90']:.2f}, max {lat['max']:.2f}.", ""]
+    ov = s.get("overall") or {}
+    if any(ov.values()):
+        lines += ["## Overall", "",
+                  "The mean of the types' accuracies (the paper's Overall and Lite Overall); the interval and the "
+                  "critical accuracy are those of the pooled count under each type's chance.", "",
+                  "| table | types | n | overall | 95% Wilson CI | chance | critical acc. (p<0.05) | above chance |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for key, name in (("elementary", "Overall"), ("elementary_lite", "Lite Overall")):
+            o = ov.get(key)
+            if o:
+                lines.append(f"| {name} | {o['types']} | {o['n']} | {_pct(o['accuracy'])} | {_pct(o['ci'][0])} - "
+                             f"{_pct(o['ci'][1])} | {_pct(o['chance'])} | {_pct(o['critical_accuracy'])} | "
+                             f"{'yes' if o['above_chance'] else 'no'} |")
+        lines.append("")
+    for title, key in (("Elementary questions", "elementary"), ("Lite subset", "elementary_lite")):
         rows = s[key]
         if not rows:
             continue
+        sizes = sorted({r["n"] for r in rows.values()})
+        title += f" ({sizes[0]} per type)" if len(sizes) == 1 else f" ({sizes[0]}-{sizes[-1]} per type)"
         lines += [f"## {title}", "",
                   "| type | n | accuracy | 95% Wilson CI | chance | critical acc. (p<0.05) | above chance "
                   "| critical acc. (family-wise) | above chance (family-wise) | CI covers chance "
@@ -428,7 +483,9 @@ def write_markdown(summary, path) -> None:
         if key == "elementary":
             lines += ["![accuracy per type](accuracy_by_type.png)", ""]
     if s["planning"]:
-        lines += ["## Plan-k-step (20 per k)", "",
+        sizes = sorted({r["n"] for r in s["planning"].values()})
+        per_k = f"{sizes[0]} per k" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]} per k"
+        lines += [f"## Plan-k-step ({per_k})", "",
                   "exact: the chosen list is a legal complete path (any order the constraints allow); set: exactly "
                   "the valid candidates, order ignored; overlap: share of the k chosen that are valid.", "",
                   "| k | n | exact | exact CI | exact chance | set | set CI | set chance | overlap | overlap CI | unparseable |",

@@ -28,8 +28,10 @@ H = geometry.BLOCK_HEIGHT
 Z_TABLE = H / 2
 Z_PLATE = geometry.PLATE_TOP_Z + H / 2
 STACK_DZ = H + geometry.KNOB_HEIGHT  # the upper block rests on the lower block's knob
-IMAGE_SIZE = 256
-FOVY = 0.9  # rad
+# 384 px and a workspace framed to fill each view: a block is 25-35 px across in the scene views (issue 35: at
+# 256 px and the wide views before, 15-25 px)
+IMAGE_SIZE = 384
+FOVY = 0.7  # rad
 
 # colour name -> rgb; names go into prompts, so every block in a scene has its own colour
 PALETTE = {
@@ -39,16 +41,28 @@ PALETTE = {
 }
 DEFAULT_COLOR = {"circle": "red", "square": "blue", "triangle": "yellow"}  # the benchmark's colours
 BOARD_RGB = (0.55, 0.42, 0.3)
-TABLE_RGB = (0.72, 0.72, 0.70)
+TABLE_RGB = (0.70, 0.63, 0.52)  # light warm beige: neither a block colour nor the board, and unlike white or black
+# a key light with shadows (they show what rests on what, and how high) and a fill light without: (direction,
+# intensity); the ambient keeps faces turned from both readable. No face saturates (all below 1.0 in linear rgb).
+AMBIENT = 0.35
+KEY_LIGHT = ((-0.35, 0.45, -1.0), 0.75)
+FILL_LIGHT = ((0.3, -0.2, -1.0), 0.25)
+SHADOW_MAP_SIZE = 1024
+SHADOW_HALF_EXTENT = 0.6  # m: the key light's shadow box covers the workspace
 
+# Where the scenes' blocks lie: the standard scenes' table region (x, y ranges) next to the benchmark board, and
+# the planning scenes' stacks behind the 3x3 board. Each camera is framed on its scenes' workspace: the box over
+# the board and these regions, up to the tallest stack, fills about 94% of the picture (tests check the corners).
+TABLE_REGION = ((-0.21, -0.07), (-0.16, 0.16))
+STACK_REGION = ((-0.28, -0.10), (-0.15, 0.15))
 # camera name -> (eye, target); every camera looks at the workspace from its own side
 CAMERAS = {
-    "front": ((0.36, 0.0, 0.42), (-0.07, 0.0, 0.0)),  # from beyond the board, like the benchmark's third-person view
-    "side": ((-0.06, 0.50, 0.34), (-0.06, 0.0, 0.0)),
-    "robot": ((-0.56, 0.0, 0.40), (-0.02, 0.0, 0.0)),  # from the robot's base
-    "top": ((-0.05, 0.0, 0.62), (-0.049, 0.0, 0.0)),
-    "plan": ((0.40, 0.0, 0.58), (-0.13, 0.0, 0.02)),  # planning scenes: the 3x3 board and the stacks behind it
-    "part": ((0.10, 0.0, 0.24), (-0.12, 0.0, 0.0)),  # a close view of parts alone (see part_state)
+    "front": ((0.525, 0.0, 0.534), (-0.035, 0.0, 0.03)),  # from beyond the board, like the benchmark's third-person view
+    "side": ((-0.035, 0.657, 0.543), (-0.035, 0.0, 0.03)),
+    "robot": ((-0.667, 0.0, 0.523), (-0.035, 0.0, 0.03)),  # from the robot's base
+    "top": ((-0.029, 0.0, 0.753), (-0.035, 0.0, 0.03)),
+    "plan": ((0.473, 0.0, 0.685), (-0.06, 0.0, 0.05)),  # planning scenes: the 3x3 board and the stacks behind it
+    "part": ((0.321, 0.0, 0.28), (-0.12, 0.0, 0.025)),  # a close view of parts alone (see part_state)
 }
 PART_XY = (-0.12, 0.0)  # where part_state puts its parts: the "part" camera's target
 PART_SPACING = 0.075
@@ -185,12 +199,6 @@ def radius(shape: str) -> float:
     return float(np.max(np.linalg.norm(geometry.block_outline(shape), axis=1)))
 
 
-def _seg_dist(p, a, b) -> float:
-    ab = b - a
-    t = min(max(exact.dot(p - a, ab) / max(exact.dot(ab, ab), 1e-18), 0.0), 1.0)
-    return exact.norm(p - (a + t * ab))
-
-
 def polygon_distance(P: np.ndarray, Q: np.ndarray) -> float:
     """Distance between two convex polygons (0 when they overlap; separating-axis test)."""
     for poly in (P, Q):
@@ -204,8 +212,22 @@ def polygon_distance(P: np.ndarray, Q: np.ndarray) -> float:
         break
     else:
         return 0.0
-    d = min(_seg_dist(p, Q[j], Q[(j + 1) % len(Q)]) for p in P for j in range(len(Q)))
-    return min(d, min(_seg_dist(q, P[j], P[(j + 1) % len(P)]) for q in Q for j in range(len(P))))
+    return min(_points_to_edges(P, Q), _points_to_edges(Q, P))
+
+
+def _points_to_edges(P: np.ndarray, Q: np.ndarray) -> float:
+    """Smallest distance from a vertex p of P to an edge [a, b] of Q, every pair at once: t = (p - a).(b - a) /
+    |b - a|^2 clipped to [0, 1], then |p - (a + t (b - a))|, each product and sum rounded once and in that order,
+    as :mod:`env.exact` does it (elementwise ufuncs, no BLAS): the same bits on every machine."""
+    P, A = np.asarray(P, float), np.asarray(Q, float)
+    AB = np.roll(A, -1, axis=0) - A
+    px, py = P[:, None, 0], P[:, None, 1]
+    pax, pay = px - A[None, :, 0], py - A[None, :, 1]
+    den = np.maximum(AB[:, 0] * AB[:, 0] + AB[:, 1] * AB[:, 1], 1e-18)
+    t = np.minimum(np.maximum((pax * AB[None, :, 0] + pay * AB[None, :, 1]) / den, 0.0), 1.0)
+    dx = px - (A[None, :, 0] + t * AB[None, :, 0])
+    dy = py - (A[None, :, 1] + t * AB[None, :, 1])
+    return float(np.min(np.sqrt(dx * dx + dy * dy)))
 
 
 def vertical_overlap(a: dict, b: dict) -> bool:
@@ -272,6 +294,51 @@ def _yaw_q(yaw: float) -> list[float]:
     return [math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2)]
 
 
+def hull2d(pts) -> np.ndarray:
+    """Convex hull of 2-D points, counter-clockwise (monotone chain, plain float arithmetic)."""
+    pts = sorted({(float(x), float(y)) for x, y in pts})
+    if len(pts) < 3:
+        return np.asarray(pts, float)
+
+    def cross(o, a, b):
+        return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+
+    lower, upper = [], []
+    for p in pts:
+        while len(lower) >= 2 and cross(lower[-2], lower[-1], p) <= 0:
+            lower.pop()
+        lower.append(p)
+    for p in reversed(pts):
+        while len(upper) >= 2 and cross(upper[-2], upper[-1], p) <= 0:
+            upper.pop()
+        upper.append(p)
+    return np.asarray(lower[:-1] + upper[:-1], float)
+
+
+def block_points(block: dict, z_min: float | None = None) -> list[tuple[float, float, float]]:
+    """Corners of a block's prism and of the knob on top (world frame); ``z_min`` cuts the prism from below
+    (what shows above a plate)."""
+    fp = footprint(block)
+    z0, z1 = block["z"] - H / 2, block["z"] + H / 2
+    if z_min is not None:
+        z0 = max(z0, z_min)
+    c, s_ = math.cos(block["yaw"]), math.sin(block["yaw"])
+    h = geometry.KNOB_SIDE / 2
+    knob = [(block["x"] + u * c - v * s_, block["y"] + u * s_ + v * c) for u in (-h, h) for v in (-h, h)]
+    pts = [(float(x), float(y), z) for x, y in fp for z in (z0, z1)] if z1 > z0 else []
+    return pts + [(x, y, z) for x, y in knob for z in (z1, z1 + geometry.KNOB_HEIGHT)]
+
+
+def silhouette(block: dict, camera: str, size: int = IMAGE_SIZE, z_min: float | None = None) -> np.ndarray:
+    """Image outline (convex hull, pixels) of a block: its prism and the knob on top."""
+    return hull2d(project(camera, block_points(block, z_min), size))
+
+
+def stack_silhouette(blocks: list[dict], camera: str, size: int = IMAGE_SIZE) -> np.ndarray:
+    """Image outline (convex hull, pixels) of several blocks together, e.g. one stack."""
+    return hull2d(project(camera, [p for b in blocks for p in block_points(b)], size))
+
+
 # ----------------------------------------------------------------- rendering
 class Renderer:
     """One SAPIEN scene reused for every still. Boards are assembled from pooled per-cell actors
@@ -290,12 +357,15 @@ class Renderer:
         self.size = size
         self.clearance = clearance
         self.scene = sapien.Scene()
-        self.scene.set_ambient_light([0.3, 0.3, 0.3])  # env.task LIGHTING["default"]
-        self.scene.add_directional_light([1, 1, -1], [1, 1, 1])
-        self.scene.add_directional_light([0, 0, -1], [1, 1, 1])
+        self.scene.set_ambient_light([AMBIENT] * 3)
+        (key_dir, key), (fill_dir, fill) = KEY_LIGHT, FILL_LIGHT
+        self.scene.add_directional_light(list(key_dir), [key] * 3, shadow=True, position=[0.0, 0.0, 0.0],
+                                         shadow_scale=SHADOW_HALF_EXTENT, shadow_near=-2.0, shadow_far=2.0,
+                                         shadow_map_size=SHADOW_MAP_SIZE)
+        self.scene.add_directional_light(list(fill_dir), [fill] * 3)
         b = self.scene.create_actor_builder()
         b.add_box_visual(sapien.Pose(p=[0, 0, -0.01]), [1.5, 1.5, 0.01],
-                         material=sapien.render.RenderMaterial(base_color=[*TABLE_RGB, 1]))
+                         material=sapien.render.RenderMaterial(base_color=[*TABLE_RGB, 1], roughness=0.9))
         b.build_kinematic(name="table")
         self._pools: dict[tuple, list] = {}  # ("cell", shape, size) / ("rails", extent) / ("block", shape) -> actors
         self._materials: dict[int, object] = {}
