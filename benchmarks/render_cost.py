@@ -284,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = parser(MODULE, __doc__.split("\n\n")[0])
     p.add_argument("--setups", help="setups of the frames part (default: every setup; quick: A01)")
     p.add_argument("--parts", default=",".join(PARTS), help=f"which parts: {', '.join(PARTS)} (default all)")
-    p.add_argument("--max-steps", type=int, help="steps of the cost part's try (default 100; quick: 5)")
+    p.add_argument("--max-steps", type=int, help="steps of the cost part's try (default 100; quick: 3)")
     p.add_argument("--child-cost", metavar="SETUP", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child_cost:  # one LP_NUM_THREADS run of the cost part: its samples as one JSON line
@@ -301,10 +301,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not parts or set(parts) - set(PARTS):
         raise BenchmarkError(f"--parts: unknown or empty {', '.join(sorted(set(parts) - set(PARTS)))}; "
                              f"valid: {', '.join(PARTS)}")
-    max_steps = args.max_steps if args.max_steps is not None else (5 if args.quick else 100)
+    max_steps = args.max_steps if args.max_steps is not None else (3 if args.quick else 100)
     if max_steps < 1:
         raise BenchmarkError(f"--max-steps must be at least 1, got {max_steps}")
-    steps = FRAME_STEPS[:2] if args.quick else FRAME_STEPS
+    steps = FRAME_STEPS[:1] if args.quick else FRAME_STEPS
     mach = machine()
     show = not args.no_progress and sys.stderr.isatty()
     results: dict = {}
@@ -316,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      for cam, v in f["summary"].items()])
     if "lod" in parts:
         lod = results["lod"] = lod_part(LOD_SETUPS[:1] if args.quick else LOD_SETUPS,
-                                        KEEP_FRACTIONS[:2] if args.quick else KEEP_FRACTIONS, steps,
+                                        KEEP_FRACTIONS[:1] if args.quick else KEEP_FRACTIONS, steps,
                                         1 if args.quick else 5, show)
         print_table(f"level of detail (source: {lod['source']['triangles']} triangles, "
                     f"{lod['source']['render_ms_median']:.1f} ms)",

@@ -138,7 +138,7 @@ def model_runner(model: str, spec: BackendSpec, *, weights: str | Path | None = 
     family = model_family(model)
     model_backend(model, spec.backend)
     _check_available(spec.backend)
-    _check_precision(spec)
+    _check_precision(spec, family)
     if family == "bc-state":
         from engines.bc_mlp import load, numpy_forward, onnx_for_weights
         from engines.onnx_utils import sha256_file
@@ -175,11 +175,11 @@ def model_runner(model: str, spec: BackendSpec, *, weights: str | Path | None = 
     return OnnxOcto(engine.cfg, make_runner(backbone, spec), make_runner(onnx.sampler, sampler_spec)).activate()
 
 
-def _check_precision(spec: BackendSpec) -> None:
+def _check_precision(spec: BackendSpec, model: str | None = None) -> None:
     from engines.quantize import PrecisionUnavailable, check_precision
 
     try:
-        check_precision(spec.backend, spec.precision)
+        check_precision(spec.backend, spec.precision, model)
     except PrecisionUnavailable as e:
         raise BackendUnavailable(str(e)) from None
 

@@ -348,9 +348,22 @@ def ort_bf16_reason() -> str | None:
     return None
 
 
-def check_precision(backend: str, precision: str) -> None:
-    """One-line PrecisionUnavailable for a (backend, precision) pair that cannot run."""
+# per-model INT8 decisions from benchmarks/octo_precision.py (speed and dev-try success against fp32); a model
+# named here is refused at int8 on every backend, with the measured reason
+INT8_REFUSED = {
+    "bc-state": "bc-state does not run at int8: its Q/DQ graph succeeded in 12/35 dev tries against 35/35 at fp32 "
+                "and was 3.5x slower at batch 1 (0.076 vs 0.022 ms p50; results/benchmarks/octo_precision.json), "
+                "a 0.3 MB MLP that int8 makes worse and slower: use fp32",
+}
+
+
+def check_precision(backend: str, precision: str, model: str | None = None) -> None:
+    """One-line PrecisionUnavailable for a (backend, precision) pair that cannot run, or a model whose INT8
+    the precision benchmark refused (INT8_REFUSED)."""
     from engines.trt import PRECISIONS as TRT_PRECISIONS
+
+    if precision == "int8" and model in INT8_REFUSED:
+        raise PrecisionUnavailable(INT8_REFUSED[model])
 
     if backend == "trt":
         if precision not in TRT_PRECISIONS:

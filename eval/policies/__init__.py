@@ -89,11 +89,12 @@ def resolve_precision(backend: str, precision: str | None, trt_default: str) -> 
     return precision or (trt_default if backend == "trt" else "fp32")
 
 
-def _check_precision(backend: str, precision: str) -> None:
-    """One-line ValueError for a precision ``backend`` cannot run (engines.quantize.check_precision)."""
+def _check_precision(backend: str, precision: str, model: str | None = None) -> None:
+    """One-line ValueError for a precision ``backend`` cannot run, or ``model`` is refused at
+    (engines.quantize.check_precision)."""
     from engines.quantize import check_precision
 
-    check_precision(backend, precision)
+    check_precision(backend, precision, model)
 
 
 def bc_state_policy(checkpoint: str | None = None, backend: str | None = None, precision: str | None = None) -> Policy:
@@ -155,7 +156,7 @@ def _bc_state_check(checkpoint=None, backend=None, precision=None, **_):
         from engines.backends import model_backend
 
         b = model_backend("bc-state", backend)
-        _check_precision(b, resolve_precision(b, precision, "fp32"))
+        _check_precision(b, resolve_precision(b, precision, "fp32"), "bc-state")
     from engines.bc_mlp import DEFAULT_WEIGHTS, load
 
     load(checkpoint or DEFAULT_WEIGHTS)  # shapes, normalisation, metadata: BadCheckpointError in one line
