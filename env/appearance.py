@@ -123,16 +123,15 @@ def _flat(mesh) -> dict[str, np.ndarray]:
             "normals": np.repeat(mesh.face_normals, 3, axis=0).astype(np.float32)}
 
 
-_DECIMATED: dict[str, tuple] = {}  # cache key -> parts, for the scenes this process builds again
+_DECIMATED: dict[str, tuple] = {}  # cache file -> parts, for the scenes this process builds again
 
 
 def decimated_parts(shape, keep_fraction: float = LOD_KEEP_FRACTION) -> tuple:
     """The parts of a shape loaded from a file, each decimated, or ``None`` where it is small enough as it
     is: read from the cache (memory, then disk), else built from the loaded parts and stored."""
-    key = cache_key(shape.filename, keep_fraction)
-    if key in _DECIMATED:
-        return _DECIMATED[key]
-    path = cache_dir() / f"{key}.npz"
+    path = cache_dir() / f"{cache_key(shape.filename, keep_fraction)}.npz"
+    if str(path) in _DECIMATED:
+        return _DECIMATED[str(path)]
     if path.exists():
         with np.load(path) as z:
             out = tuple({"vertices": z[f"v{i}"], "triangles": z[f"t{i}"], "normals": z[f"n{i}"]}
@@ -151,7 +150,7 @@ def decimated_parts(shape, keep_fraction: float = LOD_KEEP_FRACTION) -> tuple:
         with open(tmp, "wb") as f:
             np.savez(f, **arrays)
         os.replace(tmp, path)
-    _DECIMATED[key] = out
+    _DECIMATED[str(path)] = out
     return out
 
 

@@ -197,9 +197,11 @@ def test_runners_take_goal_feeds_alike(exported):
     assert rel_err(ort.infer(feeds)["actions"], a_jax) <= 1e-3  # the sampler amplifies readout rounding
     without = jax_runner.infer({k: v for k, v in feeds.items() if k != "goal_primary"})["actions"]
     assert not np.allclose(without, a_jax)
-    # three rows run as the padded batch of four: the goal rows are padded like the others
+    # three rows run as the padded batch of four: the goal rows are padded like the others (another batch
+    # shape runs other kernel tilings, so the bound is the one across kernels above: the sampler amplifies
+    # the readout's rounding; a goal row padded wrongly is as far off as ``without``)
     three = {k: np.concatenate([v, v[:1]]) for k, v in feeds.items()}
-    np.testing.assert_allclose(jax_runner.infer(three)["actions"][:2], a_jax, rtol=0, atol=1e-5)
+    assert rel_err(jax_runner.infer(three)["actions"][:2], a_jax) <= 1e-3
 
 
 # ------------------------------------------------------------------ the policy
