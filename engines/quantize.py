@@ -296,11 +296,12 @@ def int8_matches(path: Path, weights_digest: str, calibration_sha256: str | None
         return False
     try:
         m = metadata(path)
-        fmt = metadata(source).get("format") if source is not None else m.get("format")
+        src = metadata(source) if source is not None else m
     except BadModelFileError:
         return False
+    # the same export format and graph version as the source (an INT8 copy of an older graph is not its copy)
     return (m.get("int8_pass") == INT8_PASS and m.get("int8_weights_sha256") == weights_digest
-            and m.get("format") == fmt
+            and m.get("format") == src.get("format") and m.get("graph_version") == src.get("graph_version")
             and (calibration_sha256 is None or m.get("calibration_sha256") == calibration_sha256))
 
 
