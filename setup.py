@@ -17,11 +17,13 @@ setup(
     ),
     python_requires=">=3.10",
     packages=find_packages(include=TOP_LEVEL + [p + ".*" for p in TOP_LEVEL]),
-    package_data={"env": ["*.json", "*.md", "**/*.json", "**/*.jsonl", "**/*.md"], "eval.site": ["*.json"]},
+    package_data={"env": ["*.json", "*.md", "**/*.json", "**/*.jsonl", "**/*.md"]},
     install_requires=[
         "numpy",
         "scipy",
         "trimesh",
+        # trimesh's quadric decimation backend: the scene's visual meshes at the detail its cameras show (env.appearance)
+        "fast-simplification",
         "shapely",
         "gymnasium",
         "tqdm",

@@ -18,6 +18,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from env.appearance import APPEARANCE_VERSION
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "results" / "benchmarks"
 QUICK_DIR = ROOT / "runs" / "benchmarks"  # --quick dry runs: their numbers mean nothing, so never under results/
@@ -190,6 +192,7 @@ def write_result(name: str, out_dir: str | Path | None, module: str, argv: Seque
         "command": command(module, argv),
         "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": {**mach, "load_average_end": load_average()},
+        "appearance_version": APPEARANCE_VERSION,  # what camera frames rendered (env.appearance)
         "results": results,
     }
     tmp = path.with_suffix(".json.tmp")

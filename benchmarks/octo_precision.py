@@ -146,16 +146,19 @@ def bc_parity(progress: bool, quick: bool) -> dict:
 
     from benchmarks.record_queries import record_bc_states
     from engines.bc_mlp import DEFAULT_WEIGHTS, load, numpy_forward
-    from engines.quantize import arrays_sha256, find_int8, int8_name
+    from engines.calibration import ensure_calibration
+    from engines.quantize import arrays_sha256, bc_calibration, int8_graph
     from engines.onnx_utils import metadata, sha256_file
     from engines.runners import OnnxRuntimeRunner
 
     digest = sha256_file(DEFAULT_WEIGHTS)
     fp32 = ROOT / "build" / "engines" / "bc_state.onnx"
-    int8 = find_int8([int8_name(fp32)], digest)
-    if int8 is None:
-        raise BenchmarkError("no INT8 graph of bc-state in build/engines; build it with: python -m engines.build "
-                             "--models bc-state")
+    if not fp32.is_file():
+        raise BenchmarkError(f"no {fp32}; build it with: python -m engines.build --models bc-state")
+    # bc-state's INT8 is refused (engines.quantize.INT8_REFUSED, from this measurement): make engines builds
+    # none, so the decision's measurement builds its own from the same calibration recording
+    int8 = int8_graph(fp32, bc_calibration(ensure_calibration("bc-state", progress=progress)[0]),
+                      weights_digest=digest, out_path=ROOT / "runs" / NAME / "bc_state.int8.onnx")
     tries = BC_PARITY_TRIES[:1] if quick else BC_PARITY_TRIES
     arrays = record_bc_states(tries, quick=quick, progress=progress)
     states = arrays["state"]

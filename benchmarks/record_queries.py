@@ -29,129 +29,24 @@ zip, so it names the content.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
-from typing import Any, Mapping
 
 import numpy as np
 
 from benchmarks.common import ROOT, BenchmarkError, parser, run_main
+from engines.calibration import (BC_CALIB_TRIES, CALIB_TRIES, MODEL, PARITY_TRIES, SPLIT,  # noqa: F401
+                                 RecordingError, recording_inputs, save)
+from eval.calibration import record, record_bc_states
+from engines.quantize import QUERIES_DIR
 
 MODULE = "benchmarks.record_queries"
-OUT_DIR = ROOT / "build" / "octo_queries"
-SPLIT = "dev"
-MODEL = "octo-small"
-# (setup, try index) of the dev split; the calibration tries share no setup with the parity tries
-PARITY_TRIES = (("A01", 0), ("C01", 0), ("E01", 0))
-CALIB_TRIES = (("B01", 1), ("D01", 1))
-BC_CALIB_TRIES = tuple((f"{g}01", 10) for g in "ABCDEFG")
+OUT_DIR = QUERIES_DIR
 FILES = {"parity": "octo_small_dev_parity.npz", "calib": "octo_small_dev_calib.npz",
          "bc-calib": "bc_state_dev_calib.npz"}
 
 
 def command_line(quick: bool = False) -> str:
     return f"python -m {MODULE}" + (" --quick" if quick else "")
-
-
-class _Recording:
-    """Wraps a policy's runner: every query's feeds and outputs are kept (copies), the call itself unchanged."""
-
-    def __init__(self, runner) -> None:
-        self.runner = runner
-        self.rows: list[dict[str, np.ndarray]] = []
-        self.meta: dict[str, Any] = {}
-
-    def __getattr__(self, name):
-        return getattr(self.runner, name)
-
-    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = self.runner.infer(feeds)
-        if self.meta.get("on"):
-            row = {k: np.array(v, copy=True) for k, v in feeds.items()}
-            if "actions" in out:
-                row["jax_actions"] = np.array(out["actions"], np.float32, copy=True)
-            row["setup"] = np.array([self.meta["setup"]])
-            row["try_index"] = np.array([self.meta["try"]], np.int32)
-            self.rows.append(row)
-        return out
-
-
-def record(tries, quick: bool = False, progress: bool = True) -> dict[str, np.ndarray]:
-    """The queries of ``tries`` ((setup, try index) of the dev split), batch-stacked."""
-    from env.setups import get_setup
-    from env.tasklist import load
-    from eval.request import make_policy
-    from eval.rollout import Scenes, run_try
-
-    if quick:
-        from engines.octo.testing import tiny_engine
-
-        policy = make_policy("octo-small", engine=tiny_engine(seed=1), backend="jax")
-    else:
-        policy = make_policy(MODEL, random_weights=True, backend="jax")
-    rec = _Recording(policy.runner)
-    policy.runner = rec
-    policy.reset("warm-up", seed=0)  # the warm-up query (blank images) runs now, before anything is recorded
-    tasklist = load(SPLIT)
-    for setup_id, t in tries:
-        t0 = time.monotonic()
-        scenes = Scenes(get_setup(setup_id), 1, sim="cpu", cameras=True, max_steps=12 if quick else None)
-        try:
-            rec.meta = {"on": True, "setup": setup_id, "try": t}
-            run_try(scenes, policy, SPLIT, t, tasklist)
-        finally:
-            rec.meta = {}
-            scenes.close()
-        if progress:
-            print(f"  {setup_id} try {t}: {sum(1 for r in rec.rows if r['setup'][0] == setup_id)} queries in "
-                  f"{time.monotonic() - t0:.0f} s", flush=True)
-    if not rec.rows:
-        raise BenchmarkError("the tries made no Octo query")
-    keys = rec.rows[0].keys()
-    return {k: np.concatenate([r[k] for r in rec.rows]) for k in keys}
-
-
-def record_bc_states(tries, quick: bool = False, progress: bool = True) -> dict[str, np.ndarray]:
-    """The states bc-state (fp32 on ONNX Runtime) reads on ``tries`` of the dev split, stacked."""
-    from env.setups import get_setup
-    from env.tasklist import load
-    from eval.request import make_policy
-    from eval.rollout import Scenes, run_try
-
-    policy = make_policy("bc-state", backend="ort")
-    rec = _Recording(policy.runner)
-    policy.runner = rec
-    tasklist = load(SPLIT)
-    for setup_id, t in tries:
-        scenes = Scenes(get_setup(setup_id), 1, sim="cpu", cameras=False, max_steps=12 if quick else None)
-        try:
-            rec.meta = {"on": True, "setup": setup_id, "try": t}
-            record = run_try(scenes, policy, SPLIT, t, tasklist)
-        finally:
-            rec.meta = {}
-            scenes.close()
-        if progress:
-            print(f"  bc-state {setup_id} try {t}: success {record.success}", flush=True)
-    if not rec.rows:
-        raise BenchmarkError("the tries made no bc-state query")
-    return {"state": np.concatenate([r["state"] for r in rec.rows]).astype(np.float32),
-            "setup": np.concatenate([r["setup"] for r in rec.rows]),
-            "try_index": np.concatenate([r["try_index"] for r in rec.rows])}
-
-
-def save(arrays: Mapping[str, np.ndarray], path: Path, info: dict) -> dict:
-    """``path`` (.npz) and its sidecar ``path.json``: the canonical hash, the command, the tries."""
-    from engines.quantize import arrays_sha256
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.npz")
-    np.savez(tmp, **arrays)
-    tmp.replace(path)
-    side = {**info, "file": path.name, "queries": int(len(next(iter(arrays.values())))),
-            "sha256": arrays_sha256(arrays),
-            "arrays": {k: [str(v.dtype), list(v.shape)] for k, v in arrays.items()}}
-    path.with_suffix(".json").write_text(json.dumps(side, indent=1) + "\n")
-    return side
 
 
 def main(argv=None) -> int:
@@ -164,15 +59,19 @@ def main(argv=None) -> int:
             continue
         tries = tries[:1] if args.quick else tries
         name = FILES[kind].replace("octo_small", "octo_tiny") if args.quick else FILES[kind]
-        if kind == "bc-calib":
-            arrays = record_bc_states(tries, quick=args.quick, progress=not args.no_progress)
-            info = {"model": "bc-state", "backend": "ort", "precision": "fp32"}
-        else:
-            arrays = record(tries, quick=args.quick, progress=not args.no_progress)
-            info = {"model": "octo-tiny" if args.quick else MODEL, "random_weights": True, "backend": "jax"}
+        try:
+            if kind == "bc-calib":
+                arrays = record_bc_states(tries, quick=args.quick, progress=not args.no_progress)
+                info = {"model": "bc-state", "backend": "ort", "precision": "fp32"}
+            else:
+                arrays = record(tries, quick=args.quick, progress=not args.no_progress)
+                info = {"model": "octo-tiny" if args.quick else MODEL, "random_weights": True, "backend": "jax"}
+        except RecordingError as e:
+            raise BenchmarkError(str(e)) from None
+        inputs = recording_inputs("bc-state" if kind == "bc-calib" else info["model"], tries, quick=args.quick)
         side = save(arrays, out / name, {**info, "split": SPLIT, "tries": [list(t) for t in tries],
                                          "command": command_line(args.quick) + (f" --only {kind}" if
-                                                                                kind == "bc-calib" else "")})
+                                                                                kind == "bc-calib" else "")}, inputs)
         print(f"{kind}: {side['queries']} queries -> {out / name} sha256 {side['sha256']}")
     return 0
 

@@ -156,7 +156,7 @@ def resolve_runtime(model: str, backend: str | None = None, precision: str | Non
     rt = MODEL_RUNTIMES[family]
     spec = BackendSpec(backend, precision=precision or (rt.trt_precision if backend == "trt" else "fp32"),
                        max_batch=rt.trt_batch_max, threads=rt.ort_threads)
-    _check_precision(spec)
+    _check_precision(spec, family)
     return spec
 
 
@@ -232,11 +232,11 @@ def model_runner(model: str, spec: BackendSpec, *, weights: str | Path | None = 
     return OnnxOcto(engine.cfg, make_runner(backbone, spec), make_runner(onnx.sampler, sampler_spec)).activate()
 
 
-def _check_precision(spec: BackendSpec) -> None:
+def _check_precision(spec: BackendSpec, model: str | None = None) -> None:
     from engines.quantize import PrecisionUnavailable, check_precision
 
     try:
-        check_precision(spec.backend, spec.precision)
+        check_precision(spec.backend, spec.precision, model)
     except PrecisionUnavailable as e:
         raise BackendUnavailable(str(e)) from None
 

@@ -21,15 +21,26 @@ instead of exporting them, so that a machine without JAX (the Jetson image) buil
 
 Beside each fp32 graph it builds the INT8 Q/DQ graph ONNX Runtime runs as ``--precision int8``
 (``<stem>.int8.onnx``, :mod:`engines.quantize`; Octo: the backbone), calibrated on the benchmark's own dev
-tries (``build/octo_queries/``: recorded first when missing, ``python -m benchmarks.record_queries``), and
-keyed by the weights' digest and the calibration's sha256 (rebuilt only when either changes). BF16 is listed
-as skipped with the reason (ONNX Runtime's CPU provider has no bfloat16 kernels).
+tries (``build/octo_queries/``: recorded by :mod:`engines.calibration` when missing or recorded from other
+inputs: model, tries, task list, appearance), and keyed by the weights' digest and the calibration's sha256
+(rebuilt only when either changes). BF16 is listed as skipped with the reason (ONNX Runtime's CPU provider
+has no bfloat16 kernels).
+
+Work already done is not redone: an Octo export of the same weights and format, Octo's load-time ONNX
+Runtime rewrite (cached by the graph's sha256), a calibration recording of the same inputs and an INT8
+graph of the same weights and calibration are kept. The seconds of each stage (export, optimise,
+calibration recording, quantise, tensorrt) are printed and written to ``<out>/build_stages.json``
+(``python -m benchmarks.engines_build`` times a build from nothing and one with nothing changed).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import sys
+import time
+import types
 from pathlib import Path
 
 from engines.octo.config import RANDOM_WEIGHTS_LABEL
@@ -42,10 +53,21 @@ def _bc_state_onnx(out: Path, args) -> list[tuple[str, Path, str]]:
 
     if not DEFAULT_WEIGHTS.exists():
         raise Skipped(f"no weights at {DEFAULT_WEIGHTS}; train them with: python -m eval.training.train_bc")
+    source = f"{DEFAULT_WEIGHTS.name} sha256 {sha256_file(DEFAULT_WEIGHTS)[:16]}"
+    path = out / "bc_state.onnx"
+    if path.is_file() and _metadata_or_none(path).get("source") == source:  # these weights exported before
+        return [("onnx", path, " (unchanged)")]
     model, config, _ = load(DEFAULT_WEIGHTS)
-    path = export_onnx(model, config, out / "bc_state.onnx", source=f"{DEFAULT_WEIGHTS.name} sha256 "
-                       f"{sha256_file(DEFAULT_WEIGHTS)[:16]}")
-    return [("onnx", path, "")]
+    return [("onnx", export_onnx(model, config, path, source=source), "")]
+
+
+def _metadata_or_none(path: Path) -> dict:
+    from engines.onnx_utils import BadModelFileError, metadata
+
+    try:
+        return metadata(path)
+    except BadModelFileError:
+        return {}  # a broken file is exported again
 
 
 def _octo_onnx(model: str):
@@ -58,7 +80,7 @@ def _octo_onnx(model: str):
             require(module, "jax" if module == "jax" else "export")
         from engines.octo.checkpoint import load
         from engines.octo.config import PRESETS
-        from engines.octo.export import export_octo, file_stem, source_files
+        from engines.octo.export import export_octo, file_stem, matching_export, params_digest, source_files
         from engines.octo.params import init_params
 
         files = args.octo_weights.get(model)  # resolved before anything was built (main)
@@ -69,9 +91,15 @@ def _octo_onnx(model: str):
             cfg = PRESETS[model]()
             params = init_params(cfg, args.seed, with_t5=False)
             source = f"random-weights:{model}:seed{args.seed}"
-        onnx = export_octo(cfg, params, out, file_stem(model), source=source, random_weights=files is None,
-                           progress=True, weights=source_files(files))
-        return [("onnx backbone", onnx.backbone, ""), ("onnx sampler", onnx.sampler, "")]
+        digest = params_digest(params)
+        weights = source_files(files)
+        onnx = matching_export(out, file_stem(model), digest,  # these weights exported before: nothing to do
+                               weights_sha256=weights["sha256"] if weights else None)
+        note = " (unchanged)" if onnx else ""
+        if onnx is None:
+            onnx = export_octo(cfg, params, out, file_stem(model), source=source, random_weights=files is None,
+                               digest=digest, progress=True, weights=weights)
+        return [("onnx backbone", onnx.backbone, note), ("onnx sampler", onnx.sampler, note)]
 
     return export
 
@@ -114,25 +142,20 @@ class Skipped(Exception):
     """An artifact this machine cannot or need not build; the message is the reason shown."""
 
 
+STAGE_TIMES_FILE = "build_stages.json"
 EXPORTS = {"bc-state": _bc_state_onnx, "octo-small": _octo_onnx("octo-small"), "octo-base": _octo_onnx("octo-base")}
 ORT_PRECISIONS = ("fp32", "int8", "bf16")
 
 
-def _calibration(model: str, progress: bool = True):
-    """The model's calibration set, recorded from dev tries first when its file is missing."""
+def _calibration(model: str, timer: "StageTimer", folder: str | None, progress: bool = True):
+    """The model's calibration set, recorded from dev tries only when the recording is missing or was made
+    from other inputs (engines.calibration: model, tries, task list, appearance, ...)."""
     from engines import quantize
+    from engines.calibration import ensure_calibration
 
-    path = quantize.BC_CALIB if model == "bc-state" else quantize.OCTO_CALIB
-    if not path.is_file():
-        from benchmarks import record_queries as rq
-
-        if model == "bc-state":
-            arrays = rq.record_bc_states(rq.BC_CALIB_TRIES, progress=progress)
-            info = {"model": "bc-state", "backend": "ort", "precision": "fp32", "tries": rq.BC_CALIB_TRIES}
-        else:
-            arrays = rq.record(rq.CALIB_TRIES, progress=progress)
-            info = {"model": rq.MODEL, "random_weights": True, "backend": "jax", "tries": rq.CALIB_TRIES}
-        rq.save(arrays, path, {**info, "split": rq.SPLIT, "command": quantize.RECORD_COMMAND[path.name]})
+    with timer.stage(model, "calibration recording") as st:
+        path, recorded = ensure_calibration(model, Path(folder) if folder else None, progress=progress)
+        st.note = "recorded" if recorded else "cached"
     if model == "bc-state":
         return quantize.bc_calibration(path)
     from engines.octo.config import PRESETS
@@ -140,7 +163,30 @@ def _calibration(model: str, progress: bool = True):
     return quantize.octo_calibration(PRESETS[model](), path)
 
 
-def _int8(name: str, built: list[tuple[str, Path, str]], onnx_from: str | None = None) -> tuple[str, Path]:
+class StageTimer:
+    """Wall seconds of each (model, stage) of a build, and whether the stage did work or found it cached."""
+
+    STAGES = ("export", "optimise", "calibration recording", "quantise", "tensorrt")
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    @contextlib.contextmanager
+    def stage(self, model: str, stage: str):
+        row = types.SimpleNamespace(note="")
+        t0 = time.monotonic()
+        try:
+            yield row
+        finally:
+            self.rows.append({"model": model, "stage": stage, "s": round(time.monotonic() - t0, 2),
+                              "note": row.note})
+
+    def totals(self) -> dict[str, float]:
+        return {st: round(sum(r["s"] for r in self.rows if r["stage"] == st), 2) for st in self.STAGES}
+
+
+def _int8(name: str, built: list[tuple[str, Path, str]], timer: StageTimer, queries: str | None,
+          onnx_from: str | None = None) -> tuple[str, Path]:
     """(artifact, path) of the INT8 Q/DQ graph of the model's quantized graph (Octo: the backbone). With
     ``onnx_from`` (no JAX here to record calibration queries) Octo's INT8 graph must come with the fp32 ones."""
     from engines import quantize
@@ -163,7 +209,11 @@ def _int8(name: str, built: list[tuple[str, Path, str]], onnx_from: str | None =
                 raise ValueError(f"{q} is not the INT8 graph of {path.name}'s weights (or of another export or "
                                  "quantization pass); build both again where they were exported")
             return artifact, q
-    return artifact, quantize.int8_graph(path, _calibration(name), weights_digest=digest)
+    calibration = _calibration(name, timer, queries)
+    with timer.stage(name, "quantise") as st:
+        fresh = not quantize.int8_matches(quantize.int8_name(path), digest, calibration.sha256, source=path)
+        st.note = "built" if fresh else "cached"
+        return artifact, quantize.int8_graph(path, calibration, weights_digest=digest)
 
 
 def main(argv=None) -> int:
@@ -183,6 +233,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--onnx-from", metavar="DIR", help="Octo's graphs exported elsewhere (<model>_backbone.onnx, "
                    "<model>_sampler.onnx): build their engines without JAX")
+    p.add_argument("--queries-dir", metavar="DIR", help="where the calibration recordings are kept (default "
+                   "build/octo_queries/)")
     args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in EXPORTS]
@@ -192,7 +244,7 @@ def main(argv=None) -> int:
     if args.batch_max < 1:
         print(f"error: --batch-max must be at least 1, got {args.batch_max}", file=sys.stderr)
         return 2
-    from engines import trt
+    from engines import quantize, trt
 
     precisions = [x for x in args.precisions.split(",") if x]
     bad = [x for x in precisions if x not in trt.PRECISIONS]
@@ -228,10 +280,19 @@ def main(argv=None) -> int:
     random_models = set(octo) if args.random_weights else set()  # every row of theirs says so
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    timer = StageTimer()
+    t_build = time.monotonic()
     reason = trt.unavailable_reason()
     for name in models:
         try:
-            built = EXPORTS[name](out, args)
+            with timer.stage(name, "export"):
+                built = EXPORTS[name](out, args)
+            if name in ("octo-small", "octo-base"):  # the load-time rewrite ONNX Runtime runs, made now, cached
+                from engines.octo.optimize import ort_optimized
+
+                with timer.stage(name, "optimise"):
+                    for _, path, _ in built:
+                        ort_optimized(path)
         except Skipped as e:
             rows.append((name, "onnx", "skipped", str(e)))
             continue
@@ -242,9 +303,12 @@ def main(argv=None) -> int:
             random_models.add(name)
         for artifact, path, note in built:
             rows.append((name, artifact, "built", f"{path}{note}"))
-        if "int8" in ort_precisions:
+        if "int8" in ort_precisions and name in quantize.INT8_REFUSED:
+            rows.append((name, "onnx int8", "skipped", quantize.INT8_REFUSED[name]))
+        elif "int8" in ort_precisions:
             try:
-                artifact, path = _int8(name, built, args.onnx_from if name in ("octo-small", "octo-base") else None)
+                artifact, path = _int8(name, built, timer, args.queries_dir,
+                                       args.onnx_from if name in ("octo-small", "octo-base") else None)
                 rows.append((name, artifact, "built", str(path)))
             except Skipped as e:
                 rows.append((name, "onnx int8", "skipped", str(e)))
@@ -262,8 +326,9 @@ def main(argv=None) -> int:
                     rows.append((name, label, "skipped", reason))
                     continue
                 try:
-                    engine = trt.build_engine(path, out, path.stem, precision, args.batch_max,
-                                              timing_cache=out / "timing.cache")
+                    with timer.stage(name, "tensorrt"):
+                        engine = trt.build_engine(path, out, path.stem, precision, args.batch_max,
+                                                  timing_cache=out / "timing.cache")
                     rows.append((name, label, "built", str(engine)))
                 except Exception as e:  # noqa: BLE001
                     rows.append((name, label, "failed", (str(e).strip().splitlines() or [type(e).__name__])[0]))
@@ -273,6 +338,14 @@ def main(argv=None) -> int:
         marked = r[0] in random_models and r[2] in ("built", "random") and RANDOM_WEIGHTS_LABEL not in r[3]
         note = f"; {RANDOM_WEIGHTS_LABEL}" if marked else ""
         print(f"{r[0]:<{width[0]}}  {r[1]:<{width[1]}}  {r[2]:<{width[2]}}  {r[3]}{note}")
+    total = round(time.monotonic() - t_build, 2)
+    print(f"\nstage seconds (total {total:.1f} s): "
+          + ", ".join(f"{k} {v:.1f}" for k, v in timer.totals().items()))
+    for r in timer.rows:
+        print(f"  {r['model']:<12} {r['stage']:<22} {r['s']:>7.1f} s  {r['note']}")
+    # the stage times of this build, for benchmarks.engines_build (and a reader wondering where the time went)
+    (out / STAGE_TIMES_FILE).write_text(json.dumps({"total_s": total, "stages_s": timer.totals(),
+                                                    "rows": timer.rows}, indent=1) + "\n")
     return 1 if any(r[2] == "failed" for r in rows) else 0
 
 

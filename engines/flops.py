@@ -102,15 +102,16 @@ def node_flops(node, shapes: Mapping[str, tuple]) -> int | None:
     if op in ("MultiHeadAttention", "Attention"):
         if op == "Attention" and node.domain not in ("", "ai.onnx"):
             return None  # com.microsoft Attention (packed QKV projection): not counted
-        q, k = s(0), s(1)
+        q, k, v = s(0), s(1), s(2)
         if q is None or k is None:
             return None
+        v = v or k  # v's head size may differ from q's and k's (q k^T over q's, p v over v's)
         if len(q) == 3:  # (B, S, heads * head)
             b, sq, d = q
             skv = k[1] if len(k) == 3 else k[2]
-            return 4 * int(b) * int(sq) * int(skv) * int(d)
+            return 2 * int(b) * int(sq) * int(skv) * (int(d) + int(v[-1] if len(v) == 3 else v[1] * v[3]))
         b, n, sq, h = q  # (B, heads, S, head)
-        return 4 * int(b) * int(n) * int(sq) * int(k[2]) * int(h)
+        return 2 * int(b) * int(n) * int(sq) * int(k[2]) * (int(h) + int(v[-1]))
     return None
 
 

@@ -299,12 +299,13 @@ def int8_matches(path: Path, weights_digest: str, calibration_sha256: str | None
         return False
     try:
         m = metadata(path)
-        fmt = metadata(source).get("format") if source is not None else m.get("format")
+        src = metadata(source) if source is not None else m
     except BadModelFileError as e:  # named, then rebuilt by make engines (never loaded)
         print(f"{str(e).split(';')[0]}: make engines builds it again (or delete it)", file=sys.stderr)
         return False
+    # the same export format and graph version as the source (an INT8 copy of an older graph is not its copy)
     return (m.get("int8_pass") == INT8_PASS and m.get("int8_weights_sha256") == weights_digest
-            and m.get("format") == fmt
+            and m.get("format") == src.get("format") and m.get("graph_version") == src.get("graph_version")
             and (calibration_sha256 is None or m.get("calibration_sha256") == calibration_sha256))
 
 
@@ -352,9 +353,22 @@ def ort_bf16_reason() -> str | None:
     return None
 
 
-def check_precision(backend: str, precision: str) -> None:
-    """One-line PrecisionUnavailable for a (backend, precision) pair that cannot run."""
+# per-model INT8 decisions from benchmarks/octo_precision.py (speed and dev-try success against fp32); a model
+# named here is refused at int8 on every backend, with the measured reason
+INT8_REFUSED = {
+    "bc-state": "bc-state does not run at int8: its Q/DQ graph succeeded in 12/35 dev tries against 35/35 at fp32 "
+                "and was 3.5x slower at batch 1 (0.076 vs 0.022 ms p50; results/benchmarks/octo_precision.json), "
+                "a 0.3 MB MLP that int8 makes worse and slower: use fp32",
+}
+
+
+def check_precision(backend: str, precision: str, model: str | None = None) -> None:
+    """One-line PrecisionUnavailable for a (backend, precision) pair that cannot run, or a model whose INT8
+    the precision benchmark refused (INT8_REFUSED)."""
     from engines.trt import PRECISIONS as TRT_PRECISIONS
+
+    if precision == "int8" and model in INT8_REFUSED:
+        raise PrecisionUnavailable(INT8_REFUSED[model])
 
     if backend == "trt":
         if precision not in TRT_PRECISIONS:

@@ -83,7 +83,7 @@ from mani_skill.utils.scene_builder.table import TableSceneBuilder
 from mani_skill.utils.structs.pose import Pose
 from mani_skill.utils.structs.types import SceneConfig, SimConfig
 
-from env import geometry, overlap
+from env import appearance, geometry, overlap
 from env.cache import cache_root, reuse, write_sealed
 from env.arms import ArmSpec, check_assets, get_arm, register_agents
 from env.predicate import (DEEP_M, GLITCH_ENERGY_J, MATCH_MARGIN_M, PENETRATION_TOL_M, RELEASED_OPENING,  # noqa: F401
@@ -309,8 +309,12 @@ class ShapeAssemblyEnv(BaseEnv):
 
     SUPPORTED_REWARD_MODES = ("none", "sparse")
 
-    def __init__(self, *args, setup: str | Setup = "A01", arm: str = "panda", **kwargs):
+    def __init__(self, *args, setup: str | Setup = "A01", arm: str = "panda", visual_meshes: str = "simplified",
+                 **kwargs):
         self.task_setup = setup if isinstance(setup, Setup) else get_setup(setup)
+        # the scene's appearance (env.appearance): "source" renders v1's meshes, for comparisons and tests
+        self.appearance_version = appearance.appearance_version(visual_meshes)
+        self.visual_meshes = visual_meshes
         self.arm: ArmSpec = get_arm(arm)
         check_assets(self.arm)
         register_agents()
@@ -381,6 +385,8 @@ class ShapeAssemblyEnv(BaseEnv):
         self._lights = []  # ManiSkill loads lighting only where it can render (not with render_backend="none")
         self.table_scene = TableSceneBuilder(self, robot_init_qpos_noise=0.0)
         self.table_scene.build()
+        if self.visual_meshes == "simplified" and self.scene.can_render():  # render bodies only: no physics
+            appearance.simplify_visuals([e for sub in self.scene.sub_scenes for e in sub.entities])
         self.clearance = self.task_setup.clearance_m
         self.board = self._build_board()
         self.blocks = {shape: self._build_block(shape) for shape in geometry.SHAPES}

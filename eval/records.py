@@ -82,6 +82,7 @@ class TryRecord:
     arm: str | None = None
     precision: str | None = None  # of the model's runtime (None: runs in Python)
     profile: str | None = None  # a served model's profile (eval.remote.profiles)
+    appearance: int | None = None  # the appearance version of a camera model's frames (env.appearance)
     weights: dict | None = None  # the released files the model loaded: repo, commit, each file's sha256
     policy_fields: dict[str, Any] = field(default_factory=dict)  # what the policy adds (Policy.record_fields)
 
@@ -112,7 +113,7 @@ class TryRecord:
             d.update(self.policy_fields)
         if self.num_envs > 1:
             d["num_envs"] = self.num_envs
-        for key in ("model", "track", "arm", "precision", "profile", "weights"):
+        for key in ("model", "track", "arm", "precision", "profile", "weights", "appearance"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
         return d

@@ -520,6 +520,10 @@ class RunRequest:
         out = {"model": self.model.name, "track": self.track, "arm": self.arm, "backend": self.model.backend}
         if self.model.precision is not None:
             out["precision"] = self.model.precision
+        if self.observes == "cameras":  # what its frames look like (env.appearance)
+            from env.appearance import APPEARANCE_VERSION
+
+            out["appearance"] = APPEARANCE_VERSION
         if self.model.config.profile_name:
             out["profile"] = self.model.config.profile_name
         weights = self.model.config.weights()

@@ -399,6 +399,8 @@ def run_try(scenes: Scenes, policy: Policy, split: str, try_index: int, tasklist
 
 def labelled(records: Sequence[TryRecord], identity: dict[str, Any]) -> list[TryRecord]:
     """The records with the run's identity (:meth:`eval.request.RunRequest.identity`: model, track, arm,
-    precision, profile, weights; the backend is the one each policy ran on, as the rollout recorded it)."""
-    keep = {k: v for k, v in identity.items() if k in ("model", "track", "arm", "precision", "profile", "weights")}
+    precision, profile, weights, appearance; the backend is the one each policy ran on, as the rollout
+    recorded it)."""
+    fields = ("model", "track", "arm", "precision", "profile", "weights", "appearance")
+    keep = {k: v for k, v in identity.items() if k in fields}
     return [replace(r, **keep) for r in records]

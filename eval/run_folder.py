@@ -42,6 +42,7 @@ class RunConfig:
     weights_sha256: str | None = None
     predicate: int = SUCCESS_PREDICATE_VERSION  # the success predicate the tries are scored with
     runtime: tuple = ()  # (backend, precision) the model runs on; () for models that run in Python
+    appearance: int | None = None  # a camera model's frames' appearance version (env.appearance); None: no frames
     request: dict = field(default_factory=dict, compare=False)  # the resolved request, as run.json keeps it
 
     def __post_init__(self):
@@ -54,7 +55,8 @@ class RunConfig:
         return cls(model=m.name, split=request.split, setups=tuple(s.id for s in request.setups),
                    tries=request.tries, out=str(out), arm=request.arm, tasklist_sha256=tasklist_sha256,
                    options=tuple(sorted(request.options().items())), sim=request.sim,
-                   weights_sha256=m.config.weights_sha256(), runtime=runtime, request=request.to_json())
+                   weights_sha256=m.config.weights_sha256(), runtime=runtime,
+                   appearance=request.identity().get("appearance"), request=request.to_json())
 
     def identity(self) -> dict:
         """Settings that must match for two runs to share an output folder (credentials are not settings:
@@ -67,6 +69,8 @@ class RunConfig:
             d["weights_sha256"] = self.weights_sha256
         if self.runtime:
             d["runtime"] = {"backend": self.runtime[0], "precision": self.runtime[1]}
+        if self.appearance is not None:  # frames of another appearance make other tries
+            d["appearance"] = self.appearance
         return d
 
 
@@ -212,6 +216,8 @@ def _resume_state(cfg: RunConfig, out: Path, fresh: bool) -> set[tuple[str, int]
         identity = cfg.identity()
         if "runtime" not in previous:  # folders written before the runtime was part of a folder's identity
             identity.pop("runtime", None)
+        if "appearance" in identity and "model" in previous:  # camera folders from before versions: appearance 1
+            previous.setdefault("appearance", 1)
         old_predicate = previous.get("predicate", 1)  # run folders from before predicate versions are v1
         if old_predicate != cfg.predicate:
             raise RunMismatchError(

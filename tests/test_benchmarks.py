@@ -77,12 +77,32 @@ def test_eval_walltime_quick(tmp_path):
     assert r["eval_run_command"].startswith("python -m eval.run --model scripted --split test")
 
 
+def test_render_cost_quick(tmp_path):
+    r = _bench("render_cost", tmp_path)
+    f = r["frames"]
+    assert f["per_frame"] and {"third_person", "wrist"} == set(f["summary"])
+    for row in f["per_frame"]:
+        for cam in ("third_person", "wrist"):
+            assert 0 <= row[cam]["changed_share"] <= 1 and row[cam]["mean_abs"] >= 0
+    lod = r["lod"]
+    assert lod["levels"] and lod["source"]["triangles"] > lod["levels"][0]["triangles"] > 0
+    c = r["cost"]
+    assert c["steps"] == 3 and set(c["ms_per_step"]) >= {"physics", "render_both_v1", "render_both_v2",
+                                                       "render_floor_all_hidden"}
+    assert [t["lp_num_threads"] for t in c["lp_num_threads"]] == [1]
+    doc = json.loads((tmp_path / "render_cost.quick.json").read_text())
+    from env.appearance import APPEARANCE_VERSION
+
+    assert doc["appearance_version"] == APPEARANCE_VERSION
+
+
 @pytest.mark.parametrize("name,args,needle", [
     ("sim_throughput", ["--obs", "depth"], "valid: state, cameras"),
     ("sim_throughput", ["--setups", "Z09"], "Z09"),
     ("inference", ["--models", "gpt"], "valid: scripted, bc-state, octo-small"),
     ("eval_walltime", ["--tries", "0"], "at least 1"),
     ("gpu_physics_check", ["--sim", "cpu", "--tries", "0"], "at least 1"),
+    ("render_cost", ["--parts", "pixels"], "valid: frames, lod, cost"),
 ])
 def test_bad_input_is_one_line_and_nonzero(tmp_path, name, args, needle):
     proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--out-dir", str(tmp_path), *args],
@@ -92,7 +112,8 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path, name, args, needle):
     assert not list(tmp_path.glob("*.json"))
 
 
-@pytest.mark.parametrize("name", ["sim_throughput", "inference", "eval_walltime", "gpu_physics_check"])
+@pytest.mark.parametrize("name", ["sim_throughput", "inference", "eval_walltime", "gpu_physics_check", "render_cost",
+                                  "engines_build"])
 def test_help(name):
     proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)

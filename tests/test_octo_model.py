@@ -182,6 +182,40 @@ def test_padding_masks_apply_to_keys(tiny, tiny_fns):
     assert np.abs(np.asarray(bb(p, other, lang, masks)) - ref).max() > 1e-4
 
 
+@pytest.mark.parametrize("correct", [True, False])
+def test_grouped_attention_is_the_masked_attention(correct):
+    """The backbone's attention runs per query group of the block-causal structure (prefix_groups), the key
+    mask folded into the product; it is the masked attention over all T keys: the groups give back the
+    structural mask, and the transformer's output matches the masked form's with padding of every kind."""
+    from engines.octo.model import embed_tokens, key_mask, prefix_groups, transformer
+
+    cfg = tiny_config(use_correct_attention=correct)
+    params = init_params(cfg, seed=2)
+    struct = structural_mask(cfg)
+    groups = prefix_groups(struct)
+    rebuilt = np.zeros_like(struct)
+    for start, stop, keys, excluded in groups:
+        rebuilt[start:stop, :keys] = True
+        rebuilt[start:stop, list(excluded)] = False
+    assert np.array_equal(rebuilt, struct)
+    assert sum((stop - start) * keys for start, stop, keys, _ in groups) < 0.8 * struct.size  # keys skipped
+    images, masks, lang = inputs(cfg, seed=5, batch=3)
+    masks[0, 0, 0] = 0.0  # a padded first step
+    masks[1, :, 2] = 0.0  # no wrist camera
+    lang_mask = np.array([1.0, 1.0, 0.0], np.float32)  # no instruction
+    x = embed_tokens(params, cfg, images, lang)
+    keys = key_mask(cfg, masks, lang_mask) > 0.5
+    masked = np.asarray(transformer(params, cfg, x, jnp.logical_and(jnp.asarray(struct)[None, None],
+                                                                      keys[:, None, None, :])))
+    grouped = np.asarray(transformer(params, cfg, x, keys, groups))
+    # the readouts (what the backbone returns) and every token a present key or readout reads; a task token
+    # whose keys are all masked (no instruction) averages other keys in each form, and nothing reads it
+    readout = np.asarray(keys).copy()
+    readout[:, [i for i, (g, _) in enumerate(token_metadata(cfg)) if g.startswith("readout")]] = True
+    scale = np.abs(masked).max()
+    np.testing.assert_allclose(grouped[readout], masked[readout], atol=1e-5 * scale)
+
+
 def test_missing_wrist_camera_is_what_upstream_does_without_the_key(tiny, tiny_fns):
     cfg, p = tiny
     images, masks, lang = inputs(cfg, seed=3)

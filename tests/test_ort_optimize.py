@@ -14,7 +14,7 @@ pytest.importorskip("onnxruntime")
 
 from engines.backends import rel_err  # noqa: E402
 from engines.octo.export import backbone_feeds, onnx_for_engine, sampler_feeds  # noqa: E402
-from engines.octo.model import make_backbone, make_infer  # noqa: E402
+from engines.octo.model import make_backbone, make_infer, prefix_groups, structural_mask  # noqa: E402
 from engines.octo.optimize import (  # noqa: E402
     MS_DOMAIN, STANDARD_PASSES, optimize_model, ort_optimized)
 from engines.octo.runners import OnnxOcto  # noqa: E402
@@ -57,11 +57,16 @@ def test_rewrites_fire_on_the_backbone(exported):
     model = onnx.load(str(graphs.backbone))
     stats = optimize_model(model)
     assert stats["static_reshapes"] > 0 and stats["gemm_bias"] > 0
-    # two layer norms per block and the final one; one GELU and one attention per block
-    assert (stats["layer_norm"], stats["gelu"], stats["attention"]) == (2 * layers + 1, layers, layers)
+    # two layer norms per block and the final one; one GELU per block and one attention per block and query
+    # group of the block-causal structure (engines.octo.model.prefix_groups)
+    groups = len(prefix_groups(structural_mask(engine.cfg)))
+    assert (stats["layer_norm"], stats["gelu"], stats["attention"]) == (2 * layers + 1, layers, groups * layers)
     assert stats["nodes_after"] < stats["nodes_before"] * 3 // 4
     ops = {n.op_type for n in model.graph.node}
     assert {"LayerNormalization", "FastGelu", "MultiHeadAttention"} <= ops
+    # no attention has a bias or mask input: ONNX Runtime runs every one as its fused (flash) CPU kernel
+    mha = [n for n in model.graph.node if n.op_type == "MultiHeadAttention"]
+    assert all(len([i for i in n.input if i]) == 3 and len(n.input) == 3 for n in mha)
     assert not {"Tanh", "Softmax"} & ops  # nothing of the decomposed GELU and attention is left
     # (the conv stem's group norms keep their ReduceMeans: not a layer norm, left alone)
     onnx.checker.check_model(model)

@@ -49,6 +49,9 @@ from engines.octo.config import OctoConfig
 from engines.optional import require
 
 EXPORT_FORMAT = "shape-assembly-bench/octo-onnx/2"  # bump when the graphs' interface changes (2: goal_<camera>)
+# bump when the exported computation changes with the same interface: an export of another version is made
+# again (2: the backbone's grouped attention, engines.octo.model.grouped_attention)
+GRAPH_VERSION = "2"
 DEFAULT_OPSET = 18  # ReduceMean with axes as input (jax2onnx emits it); TensorRT 8.6+/10 and ORT >= 1.14 read it
 BATCH = "B"
 BUILD_DIR = Path(__file__).resolve().parents[2] / "build" / "engines"  # `make engines` writes here (engines.build)
@@ -203,7 +206,8 @@ def _export(fn: Callable, specs: list, input_names: list[str], output_names: lis
         from importlib.metadata import version as _v
 
         version = _v("jax2onnx")
-    props = {"format": EXPORT_FORMAT, "exporter": f"jax2onnx {version}", "jax": jax.__version__,
+    props = {"format": EXPORT_FORMAT, "graph_version": GRAPH_VERSION, "exporter": f"jax2onnx {version}",
+             "jax": jax.__version__,
              "opset": str(opset), **meta}
     for k, v in props.items():
         entry = model.metadata_props.add()
@@ -290,7 +294,8 @@ def matching_export(folder: Path, stem: str, digest: str, sealed: bool = False,
     try:
         for p in (found.backbone, found.sampler):
             m = metadata(p)
-            if m.get("params_sha256") != digest or m.get("format") != EXPORT_FORMAT:
+            if (m.get("params_sha256") != digest or m.get("format") != EXPORT_FORMAT
+                    or m.get("graph_version") != GRAPH_VERSION):
                 return None
             if (m.get("weights_sha256") or None) != weights_sha256:
                 return None

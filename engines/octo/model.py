@@ -147,6 +147,71 @@ def attention(p, x, allowed, num_heads: int):
     return _matmul(o.reshape(b, t, wo.shape[0] * wo.shape[1]), wo.reshape(-1, wo.shape[-1])) + p["out"]["bias"]
 
 
+def prefix_groups(struct: np.ndarray) -> tuple[tuple[int, int, int, tuple[int, ...]], ...]:
+    """The block-causal structure as query groups: ``(start, stop, keys, excluded)`` for each run of
+    consecutive rows of ``struct`` (T, T) that allow the same keys, ``keys`` the end of the prefix of keys
+    they may attend (nothing after it is ever allowed) and ``excluded`` the keys inside that prefix they may
+    not (Octo: an earlier step's readout tokens). Keys past ``keys`` are skipped, not masked."""
+    groups = []
+    start = 0
+    for i in range(1, len(struct) + 1):
+        if i < len(struct) and np.array_equal(struct[i], struct[start]):
+            continue
+        row = struct[start]
+        allowed = np.flatnonzero(row)
+        keys = int(allowed[-1]) + 1 if len(allowed) else 1
+        groups.append((start, i, keys, tuple(int(j) for j in np.flatnonzero(~row[:keys]))))
+        start = i
+    return tuple(groups)
+
+
+def group_key_biases(groups, keys_ok):
+    """Per query group: the (B, keys) float bias of its keys, 0 where allowed (present and not excluded),
+    float32 min where not; computed once, used by every layer."""
+    out = []
+    for _, _, keys, excluded in groups:
+        ok = keys_ok[:, :keys]
+        if excluded:
+            keep = np.ones(keys, bool)
+            keep[list(excluded)] = False
+            ok = jnp.logical_and(ok, jnp.asarray(keep)[None])
+        out.append(jnp.where(ok, jnp.float32(0.0), jnp.float32(NEG)))
+    return out
+
+
+def grouped_attention(p, x, groups, key_biases, num_heads: int):
+    """:func:`attention` over the block-causal structure's query groups (:func:`prefix_groups`): each group's
+    queries against the prefix of keys it may attend only. The key mask is folded into the product as one
+    more head dimension (q' = [q / sqrt(K), 1], k' = [k, bias]: q'.k' = q.k / sqrt(K) + bias), so that each
+    group is an unmasked softmax(q' k'^T) v: the form ONNX Runtime runs as its fused (flash) CPU attention.
+    Same arithmetic as the masked form up to rounding: a masked key's weight is exp(float32 min) = 0 in both."""
+    b, t, d = x.shape
+
+    def proj(name):  # (B, T, H * K)
+        w = p[name]["kernel"]
+        return _matmul(x, w.reshape(d, w.shape[1] * w.shape[2])) + p[name]["bias"].reshape(-1), w.shape[1], w.shape[2]
+
+    q3, h, k = proj("query")
+    k3, v3 = proj("key")[0], proj("value")[0]
+    scale = 1.0 / math.sqrt(k)
+
+    def heads(z, size):  # (B, S, H * size) -> (B, H, S, size)
+        return z.reshape(b, -1, h, size).transpose(0, 2, 1, 3)
+
+    outs = []
+    for (start, stop, keys, _), bias in zip(groups, key_biases):
+        n = stop - start
+        one = jnp.broadcast_to(jnp.ones((1, 1, 1, 1), x.dtype), (b, n, h, 1))  # the batch may be symbolic
+        qg = jnp.concatenate([(q3[:, start:stop] * scale).reshape(b, n, h, k), one], -1).reshape(b, n, h * (k + 1))
+        kb = jnp.broadcast_to(bias[:, :, None, None], (b, keys, h, 1))
+        kg = jnp.concatenate([k3[:, :keys].reshape(b, keys, h, k), kb], -1).reshape(b, keys, h * (k + 1))
+        w = jax.nn.softmax(jnp.matmul(heads(qg, k + 1), heads(kg, k + 1).transpose(0, 1, 3, 2)), axis=-1)
+        outs.append(jnp.matmul(w, heads(v3[:, :keys], k)).transpose(0, 2, 1, 3).reshape(b, n, h * k))
+    o = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
+    wo = p["out"]["kernel"]
+    return _matmul(o, wo.reshape(-1, wo.shape[-1])) + p["out"]["bias"]
+
+
 def attention_bias(allowed):
     """0 where attention is allowed, float32 min where not (a float bias passes through unchanged)."""
     if allowed.dtype == jnp.bool_:
@@ -154,10 +219,14 @@ def attention_bias(allowed):
     return allowed
 
 
-def encoder_block(p, x, allowed, num_heads: int, eps: float):
-    """Pre-LayerNorm transformer block: attention, then MLP (tanh-approximate GELU)."""
+def encoder_block(p, x, allowed, num_heads: int, eps: float, groups=None):
+    """Pre-LayerNorm transformer block: attention, then MLP (tanh-approximate GELU). With ``groups``
+    (:func:`prefix_groups`), ``allowed`` is their key biases (:func:`group_key_biases`) and attention is
+    :func:`grouped_attention`."""
     y = layer_norm(p["LayerNorm_0"], x, eps)
-    x = x + attention(p["MultiHeadDotProductAttention_0"], y, allowed, num_heads)
+    att = p["MultiHeadDotProductAttention_0"]
+    x = x + (attention(att, y, allowed, num_heads) if groups is None
+             else grouped_attention(att, y, groups, allowed, num_heads))
     y = layer_norm(p["LayerNorm_1"], x, eps)
     m = p["MlpBlock_0"]
     y = dense(m["Dense_1"], jax.nn.gelu(dense(m["Dense_0"], y), approximate=True))
@@ -277,11 +346,14 @@ def embed_tokens(params, cfg: OctoConfig, images: Sequence[Any], lang_embedding,
     return jnp.concatenate([task, steps.reshape(b, -1, cfg.token_dim)], axis=1)
 
 
-def transformer(params, cfg: OctoConfig, x, allowed):
+def transformer(params, cfg: OctoConfig, x, allowed, groups=None):
+    """The blocks and the final norm; ``allowed``: the (B, 1|H, T, T) mask, or with ``groups`` (the
+    structural mask's :func:`prefix_groups`) the (B, T) key mask."""
     tp = params["octo_transformer"]["BlockTransformer_0"]["Transformer_0"]
-    bias = attention_bias(allowed)  # once, not per layer
+    # once, not per layer
+    bias = attention_bias(allowed) if groups is None else group_key_biases(groups, allowed)
     for i in range(cfg.num_layers):
-        x = encoder_block(tp[f"encoderblock_{i}"], x, bias, cfg.num_heads, cfg.ln_eps)
+        x = encoder_block(tp[f"encoderblock_{i}"], x, bias, cfg.num_heads, cfg.ln_eps, groups)
     return layer_norm(tp["encoder_norm"], x, cfg.ln_eps)
 
 
@@ -305,7 +377,9 @@ def make_backbone(cfg: OctoConfig, all_timesteps: bool = False) -> Callable:
     - returns float32 (B, d), the action readout embedding of the last window
       step (``all_timesteps``: (B, W, d)).
     """
-    struct = structural_mask(cfg)
+    # the block-causal structure's query groups: keys a group can never attend are skipped (tests check the
+    # readout against the masked form, backbone_without)
+    groups = prefix_groups(structural_mask(cfg))
 
     def backbone(params, images, lang_embedding, masks, lang_mask=None, goals=None):
         masks = jnp.asarray(masks, jnp.float32)
@@ -313,8 +387,7 @@ def make_backbone(cfg: OctoConfig, all_timesteps: bool = False) -> Callable:
             lang_mask = jnp.broadcast_to(jnp.float32(1.0), (masks.shape[0],))
         x = embed_tokens(params, cfg, images, lang_embedding, goals=goals)
         keys = key_mask(cfg, masks, lang_mask)
-        allowed = jnp.logical_and(jnp.asarray(struct)[None, None], (keys > 0.5)[:, None, None, :])
-        out = transformer(params, cfg, x, allowed)
+        out = transformer(params, cfg, x, keys > 0.5, groups)
         r = readout_embeddings(cfg, out)
         return r if all_timesteps else r[:, -1]
 

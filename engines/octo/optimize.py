@@ -26,9 +26,13 @@ standard ONNX (opset >= 17; TensorRT parses them too)
 
 ONNX Runtime contrib ops (``com.microsoft``; ORT only, TensorRT never sees them)
   ``gelu``              0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) -> ``FastGelu``.
-  ``attention``         softmax(q k^T * scale + bias) v over heads split by
+  ``attention``         softmax(q k^T * scale [+ bias]) v over heads split by
                         Reshape/Transpose -> ``MultiHeadAttention`` on the
-                        (B, S, heads*head) tensors with ``attention_bias``.
+                        (B, S, heads*head) tensors (with ``attention_bias``
+                        where there is one). Octo's backbone has none: its
+                        grouped attention (engines.octo.model) carries the key
+                        mask in q and k, so each group is an unmasked MHA, which
+                        ONNX Runtime runs as its fused (flash) CPU kernel.
 
 Then dead nodes and initializers are dropped. :func:`optimize_model` rewrites a
 ModelProto in place and returns what it changed; :func:`ort_optimized` keeps a
@@ -48,7 +52,7 @@ import numpy as np
 
 from engines.optional import require
 
-OPTIMIZE_VERSION = "1"  # bump when a rewrite changes: the cached copies are keyed by it
+OPTIMIZE_VERSION = "2"  # bump when a rewrite changes: the cached copies are keyed by it
 STANDARD_PASSES = ("static_reshapes", "gemm_bias", "layer_norm")
 ORT_PASSES = ("gelu", "attention")
 ALL_PASSES = STANDARD_PASSES + ORT_PASSES
@@ -496,26 +500,30 @@ def _attention(gr: _Graph) -> int:
         qk = gr.node_of(logits, "MatMul")
         if qk is None:
             continue
+        # the scale: a scalar Div/Mul of the query heads, or none (queries scaled before the head split, as
+        # the grouped attention of engines.octo.model does: scale 1)
         scale_node = gr.producer.get(qk.input[0])
-        if scale_node is None or scale_node.op_type not in ("Div", "Mul"):
-            continue
-        q4, s = scale_node.input[0], gr.scalar(scale_node.input[1])
-        if s is None or s == 0.0:
-            continue
-        scale = 1.0 / s if scale_node.op_type == "Div" else s
+        q4, scale = qk.input[0], 1.0
+        if scale_node is not None and scale_node.op_type in ("Div", "Mul"):
+            s = gr.scalar(scale_node.input[1])
+            if s is None or s == 0.0:
+                continue
+            q4, scale = scale_node.input[0], 1.0 / s if scale_node.op_type == "Div" else s
         q = _heads_split(gr, q4, (0, 2, 1, 3))
         kt = gr.node_of(qk.input[1], "Transpose")
         if q is None or kt is None or list(_attr(kt, "perm", [])) != [0, 1, 3, 2]:
             continue
         k = _heads_split(gr, kt.input[0], (0, 2, 1, 3))
-        if k is None or not (q[1:] == k[1:] == v[1:]):
+        # q and k share heads and head size; v shares the heads (its head size may differ: the grouped
+        # attention's q and k carry the key mask as one more dimension)
+        if k is None or q[1:] != k[1:] or v[1] != q[1]:
             continue
-        n, h = q[1], q[2]
+        n = q[1]
         if bias:
             bshape = gr.shapes[bias]
             if bshape[1] not in (1, n):
                 continue
-        if int(shape[2]) != n * h:
+        if int(shape[2]) != n * v[2]:
             continue
         ins = [q[0], k[0], v[0], "", "", bias] if bias else [q[0], k[0], v[0]]
         new = helper.make_node("MultiHeadAttention", ins, list(rs_out.output), name=gr.fresh("MultiHeadAttention"),

@@ -197,6 +197,9 @@ def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | 
     for n, s in summaries.items():
         if s.get("weights_sha256") is not None:  # learned policies: which weights file ran
             L.append(f"- Weights ({n}): sha256 {_val(s['weights_sha256'])}")
+    for n, s in summaries.items():
+        if s.get("appearance") is not None:  # camera models: the frames' appearance version (env.appearance)
+            L.append(f"- Appearance ({n}): v{_val(s['appearance'])} (camera frames, env/appearance.py)")
     L.append("")
 
     # By group / difficulty, every setup: only what some model has tries of (a subset reports what it holds)

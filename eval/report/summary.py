@@ -191,7 +191,8 @@ def build_summary(records: Iterable[Mapping], *, model: str | None = None,
     scored, full = _split_records(records)
 
     meta = {key: _common(records, key, warnings) for key in ("model", "track", "split", "arm", "machine",
-                                                             "tasklist_sha256", "backend", "weights_sha256", "note")}
+                                                             "tasklist_sha256", "backend", "weights_sha256", "note",
+                                                             "appearance")}
     name = model if model is not None else meta["model"]
     if isinstance(name, list):
         raise ReportError(f"records hold several models ({', '.join(map(str, name))}); one tries file = one model")
@@ -277,6 +278,8 @@ def build_summary(records: Iterable[Mapping], *, model: str | None = None,
     served = _served(scored)
     if served is not None:  # only runs of a model behind a server (eval.remote) have it
         summary["served"] = served
+    if meta["appearance"] is not None:  # camera models' records name what their frames looked like
+        summary["appearance"] = meta["appearance"]
     json.dumps(summary, allow_nan=False)  # JSON-safe by construction; fail loudly if not
     return summary
 

@@ -1,0 +1,81 @@
+"""Calibration recordings (engines.calibration): recorded once per set of inputs, so that a rebuild of the
+engines does not run the simulator again; engines.build times its stages and imports no benchmark."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engines import calibration
+from engines.build import StageTimer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _fake_states(calls):
+    def record_bc_states(tries, quick=False, progress=True):
+        calls.append(list(tries))
+        return {"state": np.arange(80, dtype=np.float32).reshape(2, 40), "setup": np.array(["A01", "A01"]),
+                "try_index": np.array([10, 10], np.int32)}
+    return record_bc_states
+
+
+def test_a_recording_is_reused_until_its_inputs_change(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(calibration, "record_bc_states", _fake_states(calls))
+    path, recorded = calibration.ensure_calibration("bc-state", tmp_path, progress=False)
+    assert recorded and path.is_file() and calls == [list(calibration.BC_CALIB_TRIES)]
+    side = json.loads(path.with_suffix(".json").read_text())
+    inputs = calibration.recording_inputs("bc-state", calibration.BC_CALIB_TRIES)
+    assert side["inputs"] == json.loads(json.dumps(inputs)) and side["inputs_sha256"] == calibration.inputs_sha256(inputs)
+    for key in ("tasklist_sha256", "predicate", "weights_sha256", "tries"):
+        assert key in inputs, key
+    # the same inputs: the recording is kept, the simulator does not run
+    assert calibration.ensure_calibration("bc-state", tmp_path, progress=False) == (path, False)
+    assert len(calls) == 1
+    # other inputs (here: other tries): recorded again
+    monkeypatch.setattr(calibration, "BC_CALIB_TRIES", (("A01", 11),))
+    assert calibration.ensure_calibration("bc-state", tmp_path, progress=False) == (path, True)
+    assert calls[-1] == [("A01", 11)]
+    # a recording from before inputs were hashed (no inputs_sha256 in its sidecar) is recorded again
+    side = json.loads(path.with_suffix(".json").read_text())
+    side.pop("inputs_sha256")
+    path.with_suffix(".json").write_text(json.dumps(side))
+    assert calibration.ensure_calibration("bc-state", tmp_path, progress=False)[1] is True
+
+
+def test_octo_recordings_name_the_appearance_of_their_frames(monkeypatch):
+    from env import appearance
+
+    a = calibration.recording_inputs("octo-small", calibration.CALIB_TRIES)
+    assert a["appearance"] == appearance.APPEARANCE_VERSION
+    monkeypatch.setattr("env.appearance.APPEARANCE_VERSION", appearance.APPEARANCE_VERSION + 1)
+    b = calibration.recording_inputs("octo-small", calibration.CALIB_TRIES)
+    assert calibration.inputs_sha256(a) != calibration.inputs_sha256(b)
+
+
+def test_stage_timer_records_each_stage_and_its_note():
+    timer = StageTimer()
+    with timer.stage("bc-state", "export"):
+        pass
+    with pytest.raises(RuntimeError):
+        with timer.stage("bc-state", "quantise") as st:
+            st.note = "built"
+            raise RuntimeError("a failing stage is still timed")
+    assert [(r["model"], r["stage"], r["note"]) for r in timer.rows] == [("bc-state", "export", ""),
+                                                                       ("bc-state", "quantise", "built")]
+    assert set(timer.totals()) == set(StageTimer.STAGES) and all(v >= 0 for v in timer.totals().values())
+
+
+def test_engines_import_no_benchmark():
+    """engines.build records its calibration through engines.calibration: engines never imports benchmarks."""
+    for path in sorted((ROOT / "engines").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n == "benchmarks" or n.startswith("benchmarks.") for n in names), path
