@@ -96,16 +96,22 @@ def ensure_calibration(model: str, folder: Path | None = None, progress: bool = 
     inputs = recording_inputs("bc-state" if model == "bc-state" else MODEL, tries)
     if recorded_inputs_sha256(path) == inputs_sha256(inputs):
         return path, False
-    # the recording runs benchmark tries (the simulator and the model's policy: the eval layer, above this one),
-    # so it runs as that layer's command, in a process of its own
+    record_calibration(model, path, progress)
+    return path, True
+
+
+def record_calibration(model: str, path: Path, progress: bool = True) -> None:
+    """Record ``model``'s calibration queries into ``path`` (and its sidecar). The recording runs benchmark tries
+    (the simulator and the model's policy: the eval layer, above this one), so it runs as that layer's command,
+    :mod:`eval.calibration`, in a process of its own; its failure is one line."""
     import subprocess
     import sys
 
     cmd = [sys.executable, "-m", "eval.calibration", "--model", "bc-state" if model == "bc-state" else MODEL,
            "--out", str(path)] + ([] if progress else ["--no-progress"])
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=None if progress else subprocess.PIPE, text=True)
     if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")] or proc.stderr.splitlines()[-1:]
-        raise RecordingError(f"recording {path.name} failed ({' '.join(cmd[1:])}): "
-                             f"{(lines or ['no output'])[-1].removeprefix('error: ')}")
-    return path, True
+        lines = (proc.stderr or "").splitlines()
+        why = next((ln.removeprefix("error: ") for ln in reversed(lines) if ln.startswith("error:")),
+                   lines[-1] if lines else f"exit code {proc.returncode}")
+        raise RecordingError(f"recording {path.name} failed ({' '.join(cmd[1:])}): {why}")

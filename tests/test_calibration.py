@@ -16,17 +16,20 @@ from engines.build import StageTimer
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _fake_states(calls):
-    def record_bc_states(tries, quick=False, progress=True):
+def _fake_recorder(calls):
+    """In place of the recording process (eval.calibration): writes what it writes, without the simulator."""
+    def record_calibration(model, path, progress=True):
+        tries = calibration.BC_CALIB_TRIES
         calls.append(list(tries))
-        return {"state": np.arange(80, dtype=np.float32).reshape(2, 40), "setup": np.array(["A01", "A01"]),
-                "try_index": np.array([10, 10], np.int32)}
-    return record_bc_states
+        arrays = {"state": np.arange(80, dtype=np.float32).reshape(2, 40), "setup": np.array(["A01", "A01"]),
+                  "try_index": np.array([10, 10], np.int32)}
+        calibration.save(arrays, path, {"model": model}, calibration.recording_inputs(model, tries))
+    return record_calibration
 
 
 def test_a_recording_is_reused_until_its_inputs_change(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(calibration, "record_bc_states", _fake_states(calls))
+    monkeypatch.setattr(calibration, "record_calibration", _fake_recorder(calls))
     path, recorded = calibration.ensure_calibration("bc-state", tmp_path, progress=False)
     assert recorded and path.is_file() and calls == [list(calibration.BC_CALIB_TRIES)]
     side = json.loads(path.with_suffix(".json").read_text())
