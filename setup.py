@@ -50,10 +50,12 @@ setup(
         # only; they build tiny models and tokenizers locally, nothing is downloaded); it uses the CPU torch
         "dev": ["pytest", "pytest-timeout", "transformers>=5,<6"],
         # eval.remote / eval.serve: the WebSocket transport and msgpack codecs of the openpi and vla-eval
-        # protocols; vla-eval (0.8 checked) for its model-server base class, client and image codec in the tests.
+        # protocols; vla-eval (0.8 checked) for its model servers, client and image codec in the tests;
+        # json-numpy (2.1.1 checked: the codec openvla-oft's deploy.py patches json with) for the tests' stub of
+        # that server and the check of eval.remote.wire's own json_numpy codec (the client does not need it).
         # openpi-client (0.1.2) is not listed: it declares numpy<2, which JAX here excludes, while the modules
         # used (websocket_client_policy, msgpack_numpy) need only websockets and msgpack: install it with
         # pip install --no-deps openpi-client==0.1.2 (its tests skip without it)
-        "remote": ["websockets>=13", "msgpack", "vla-eval>=0.8,<0.9"],
+        "remote": ["websockets>=13", "msgpack", "vla-eval>=0.8,<0.9", "json-numpy>=2.1,<3"],
     },
 )

@@ -329,31 +329,30 @@ class BCStateConfig(ModelConfig):
 @register_model("remote")
 @dataclass(frozen=True)
 class RemoteConfig(ModelConfig):
-    server: str | None = option(help="the model server, ws://HOST:PORT", metavar="URL")
-    protocol: str = option("openpi", help="openpi or vla-eval (default openpi)")
+    server: str | None = option(help="the model server: ws://HOST:PORT (openpi, vla-eval), http://HOST:PORT "
+                                     "(openvla-http)", metavar="URL")
+    protocol: str = option("openpi", help="openpi, vla-eval, or openvla-http (openvla-oft's own deploy.py server: "
+                                          "POST /act) (default openpi)")
     profile: str | None = option(help="how observations and actions map to the model: octo-small, octo-base, "
                                       "bc-state (servers of this project: python -m eval.serve), openvla-7b, "
-                                      "openvla-oft, pi0-libero")
+                                      "openvla-oft (vla-eval's servers), openvla-oft-http (openvla-http), "
+                                      "pi0-libero, pi05-libero (openpi)")
     token: str | None = option(help="the token the server was started with ($SAB_REMOTE_TOKEN is read when this is "
                                     "not given); never written: run.json says only where it came from", secret=True)
     live_latency: bool = option(False, help="apply each action at the first control step after its own measured "
                                             "round trip (the arm holds until then), as --replay-latency does with "
                                             "a profile")
-    description: ClassVar[str] = "a model behind a server (openpi or vla-eval protocol; eval.remote)"
+    description: ClassVar[str] = "a model behind a server (openpi, vla-eval or openvla-http protocol; eval.remote)"
 
     def __post_init__(self):
         from eval.remote import wire
         from eval.remote.client import TOKEN_ENV
         from eval.remote.profiles import get_profile
 
-        if not self.server:
-            raise ValueError("--model remote needs --server ws://HOST:PORT")
-        if not self.server.startswith(("ws://", "wss://")):
-            raise ValueError(f"--server must be a ws:// or wss:// URL, got {self.server!r}")
-        wire.check_protocol(self.protocol)
-        # looked up once (an unknown profile: one line naming the valid ones); its track and observations are the
-        # run's
-        object.__setattr__(self, "_profile_row", get_profile(self.profile or ""))
+        wire.check_url(self.server, self.protocol)  # an unknown protocol or a URL of another scheme: one line
+        # looked up once (unknown, not applicable, or another protocol's: one line); its track and observations
+        # are the run's
+        object.__setattr__(self, "_profile_row", get_profile(self.profile or "", self.protocol))
         if self.token is None and os.environ.get(TOKEN_ENV):  # read once, in the parent; never written
             object.__setattr__(self, "token", os.environ[TOKEN_ENV])
             object.__setattr__(self, "_token_source", f"${TOKEN_ENV}")

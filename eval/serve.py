@@ -17,17 +17,26 @@ in-process run: a client that sends the same observations with the same seeds ge
 
 Every reply carries ``server_timing: {"infer_ms": ..., "batch": n}``: the server's own compute time for the
 query (preprocessing, engine, postprocessing; not the transport). openpi: the server sends its metadata first
-(model, backend, weights sha256, how its policy reads frames). vla-eval: HELLO, EPISODE_START,
-OBSERVATION -> ACTION (echoing ``seq``), EPISODE_END, ERROR; ``GET /health``.
+(model, backend, weights sha256, how its policy reads frames); an error is a text frame with the exception's
+type and message (openpi's own server sends the traceback). vla-eval: HELLO (with the metadata and, as
+vla-eval's servers, ``action_spec`` and ``observation_spec``), EPISODE_START, OBSERVATION -> ACTION (echoing
+``seq``), EPISODE_END, ERROR ``{"error": "observation_failed: Type: message"}``. On both: ``GET /healthz``
+answers 200 ``OK`` (as openpi's server) and ``GET /health`` 200 ``{"status": "ok"}`` as JSON (as vla-eval's),
+without a token.
 
-It binds 127.0.0.1 unless ``--host`` is given; with ``--token`` a client must present it (header
-``Authorization: Api-Key TOKEN``, or ``?token=TOKEN`` in the URL), else the handshake is refused with HTTP 401.
-``scripted`` is not servable: it reads the simulator.
+It binds 127.0.0.1 unless ``--host`` is given; with ``--token`` (or ``$SAB_REMOTE_TOKEN``) a client must present
+it (header ``Authorization: Api-Key TOKEN``, or ``?token=TOKEN`` in the URL; compared in constant time), else the
+handshake is refused with HTTP 401. An address other than loopback without a token is refused (exit 2, one
+line) unless ``--insecure`` says the server is meant to be open. ``scripted`` is not servable: it reads the
+simulator.
 """
 
 from __future__ import annotations
 
 import argparse
+import hmac
+import ipaddress
+import socket
 import sys
 import threading
 import time
@@ -39,6 +48,21 @@ import numpy as np
 
 from eval.remote import wire
 
+
+# what eval.serve's models produce, as vla-eval's DimSpec.to_dict writes it (vla_eval.specs: the tests compare)
+SCENE_ACTION_SPEC = {
+    "position": {"name": "position", "dims": 3, "format": "delta_xyz", "range": [-1, 1],
+                 "description": "x 0.1 m, robot-base frame"},
+    "rotation": {"name": "rotation", "dims": 3, "format": "euler_xyz", "range": [-1, 1],
+                 "description": "x 0.1 rad, composed Rx(a) Ry(b) Rz(c)"},
+    "gripper": {"name": "gripper", "dims": 1, "format": "binary_close_negative", "range": [-1, 1]},
+}
+IMAGE_SPEC = {"name": "image", "dims": 0, "format": "rgb_hwc_uint8"}
+OBSERVATION_SPECS = {
+    "cameras": {"third_person": IMAGE_SPEC, "wrist": IMAGE_SPEC,
+                "language": {"name": "language", "dims": 0, "format": "language"}},
+    "state": {"state": {"name": "state", "dims": 0, "format": "raw", "description": "the scene's task_state()"}},
+}
 
 
 def servable() -> list[str]:
@@ -157,6 +181,11 @@ class Session:
 
 
 # ------------------------------------------------------------------ protocol handlers
+def _exception(e: Exception) -> str:
+    """The exception's type and message, one line (what the client's error line shows)."""
+    return wire.one_line(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+
+
 def _openpi_handler(served: ServedModel):
     def handler(conn) -> None:
         session = Session(served)
@@ -165,7 +194,7 @@ def _openpi_handler(served: ServedModel):
             try:
                 reply = session.handle(wire.openpi_unpack(message))
             except Exception as e:  # noqa: BLE001 - sent to the client as openpi's servers do: a text frame
-                conn.send(f"error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                conn.send(_exception(e))
                 continue
             conn.send(wire.openpi_pack(reply))
     return handler
@@ -182,41 +211,82 @@ def _vla_handler(served: ServedModel):
                 kind, payload = msg["type"], msg["payload"]
                 if kind == "hello":
                     conn.send(wire.vla_pack("hello", wire.hello_payload(
-                        model_server="eval.serve", capabilities={}, **served.metadata("vla-eval")), seq))
+                        model_server="eval.serve", capabilities={}, action_spec=SCENE_ACTION_SPEC,
+                        observation_spec=OBSERVATION_SPECS[served.prototype.observes],
+                        **served.metadata("vla-eval")), seq))
                 elif kind == "episode_start":
                     session.start_episode(payload if isinstance(payload, dict) else {})
                 elif kind == "observation":
                     conn.send(wire.vla_pack("action", session.handle(payload), seq))
             except Exception as e:  # noqa: BLE001 - an error message, as vla-eval's servers send
-                conn.send(wire.vla_pack("error", {"error": f"{type(e).__name__}: {e}"}, seq))
+                conn.send(wire.vla_pack("error", {"error": f"observation_failed: {_exception(e)}"}, seq))
     return handler
+
+
+def _same(given: str, expected: str) -> bool:
+    return hmac.compare_digest(given.encode(), expected.encode())  # constant time: no timing oracle on the token
 
 
 def _process_request(token: str | None):
     def process(conn, request):
         parts = urllib.parse.urlsplit(request.path)
-        if parts.path == "/health":
-            return conn.respond(HTTPStatus.OK, '{"status": "ok"}\n')
+        if parts.path == "/healthz":  # openpi's readiness probe
+            return conn.respond(HTTPStatus.OK, "OK\n")
+        if parts.path == "/health":  # vla-eval's, as JSON
+            response = conn.respond(HTTPStatus.OK, '{"status": "ok"}\n')
+            del response.headers["Content-Type"]
+            response.headers["Content-Type"] = "application/json"
+            return response
         if token:
             given = request.headers.get("Authorization", "")
             query = urllib.parse.parse_qs(parts.query).get("token", [""])[-1]
-            if given != f"Api-Key {token}" and query != token:
+            if not (_same(given, f"Api-Key {token}") | _same(query, token)):  # both compared, whichever is set
                 return conn.respond(HTTPStatus.UNAUTHORIZED, "wrong or missing token\n")
         return None
     return process
+
+
+def check_served_protocol(protocol: str) -> str:
+    if protocol not in wire.SERVED_PROTOCOLS:
+        raise ValueError(f"eval.serve speaks {' and '.join(wire.SERVED_PROTOCOLS)}, not --protocol {protocol!r}"
+                         + (" (openvla-http is openvla-oft's own server, for --model remote)"
+                            if protocol == "openvla-http" else ""))
+    return protocol
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address ``host`` binds is this machine's loopback ("" and 0.0.0.0 bind all interfaces)."""
+    if not host:
+        return False
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def check_exposure(host: str, token: str | None, insecure: bool) -> None:
+    """One line when the server would be open to other machines by accident: an address other than loopback
+    and no token, unless ``--insecure`` says so on purpose."""
+    if token or insecure or is_loopback(host):
+        return
+    raise ValueError(f"--host {host or repr(host)} is reachable from other machines and no --token (nor "
+                     "$SAB_REMOTE_TOKEN) is set: anyone who reaches it could drive the model; pass --token T, "
+                     "or --insecure to serve it open on purpose")
 
 
 class Server:
     """A running server (a thread of its own); ``port`` is the bound port, ``close()`` stops it."""
 
     def __init__(self, served: ServedModel, protocol: str, host: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None):
+                 token: str | None = None, insecure: bool = False):
         from engines.optional import require
 
+        check_exposure(host, token, insecure)  # where the socket is bound: no server open by accident
         require("websockets", "remote")
         from websockets.sync.server import serve
 
-        handler = _openpi_handler(served) if wire.check_protocol(protocol) == "openpi" else _vla_handler(served)
+        handler = _openpi_handler(served) if check_served_protocol(protocol) == "openpi" else _vla_handler(served)
         self.served, self.protocol, self.host = served, protocol, host
         self.ws = serve(handler, host, port, process_request=_process_request(token), compression=None,
                         max_size=None, ping_interval=None)
@@ -235,10 +305,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="python -m eval.serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help=f"one of: {', '.join(servable())}")
-    p.add_argument("--protocol", default="openpi", help=f"one of: {', '.join(wire.PROTOCOLS)} (default openpi)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--protocol", default="openpi", help=f"one of: {', '.join(wire.SERVED_PROTOCOLS)} (default openpi)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only; "
+                                                        "another needs --token or --insecure)")
     p.add_argument("--port", type=int, default=8000, help="port (0: any free port, printed)")
     p.add_argument("--token", help="refuse clients that do not present this token (default: $SAB_REMOTE_TOKEN)")
+    p.add_argument("--insecure", action="store_true", help="serve on an address other than loopback without a "
+                                                           "token: anyone who reaches it may use the model")
     add_model_arguments(p, models=servable(), title="model options (as eval.run takes them)")
     return p
 
@@ -246,26 +319,27 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        from eval.remote.client import resolve_token
         from eval.request import options_from_args, resolve_model
 
-        wire.check_protocol(args.protocol)
+        check_served_protocol(args.protocol)
         if not 0 <= args.port <= 65535:
             raise ValueError(f"--port must be 0..65535, got {args.port}")
+        args.token = resolve_token(args.token)
+        check_exposure(args.host, args.token, args.insecure)  # before loading anything: refused in a second
         if args.model not in servable():
             raise ValueError(f"cannot serve {args.model!r}" + (" (it reads the simulator)" if args.model == "scripted"
                                                                else "") + f"; servable: {', '.join(servable())}")
         model = resolve_model(args.model, options_from_args(args, servable()))
         policy = model.policy()
         served = ServedModel(policy, args.model)
-        from eval.remote.client import resolve_token
-
-        args.token = resolve_token(args.token)
-        server = Server(served, args.protocol, args.host, args.port, args.token)
+        server = Server(served, args.protocol, args.host, args.port, args.token, args.insecure)
     except Exception as e:  # noqa: BLE001 - bad option, missing weights or module, port taken: one line
         print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
     print(f"serving {args.model} ({policy.backend}) on {server.url} protocol {args.protocol}"
-          + (" (token required)" if args.token else ""), flush=True)
+          + (" (token required)" if args.token else "") + (" (open: no token, --insecure)" if
+                                                             args.insecure and not args.token else ""), flush=True)
     try:
         server.thread.join()
     except KeyboardInterrupt:

@@ -1,6 +1,7 @@
-"""The client: a :class:`~eval.policies.base.Policy` whose model runs behind a WebSocket.
+"""The client: a :class:`~eval.policies.base.Policy` whose model runs behind a server.
 
-``python -m eval.run --model remote --server ws://HOST:PORT --protocol openpi|vla-eval --profile NAME``.
+``python -m eval.run --model remote --server ws://HOST:PORT --protocol openpi|vla-eval --profile NAME``;
+``--server http://HOST:8777 --protocol openvla-http --profile openvla-oft-http`` for openvla-oft's own server.
 
 - **Native profiles** (a server of this project, ``python -m eval.serve``) are batchable: ``encode`` packs the
   scene's observation (with its scene slot, episode number, seed and instruction), ``infer`` sends the rows of
@@ -9,19 +10,26 @@
   in-process policy per scene slot and resets it when a new episode number arrives, so history windows, chunk
   queues and noise keys live where the in-process policy keeps them.
 - **Foreign profiles** (a model's own server) are queried scene by scene, each scene on its own connection
-  (those servers keep per-connection episode state); the reply's chunk is converted by the profile and its
-  first ``execute`` actions are applied before the next query.
+  (those servers keep per-connection episode state); the reply's ``actions`` must have the profile's
+  ``reply_shape``, its first ``execute`` actions are converted by the profile and applied before the next
+  query. At the handshake the server's own description is checked against the profile where it gives one
+  (vla-eval's HELLO: the gripper format of its ``action_spec``, the inputs of its ``observation_spec``; a
+  server of this project names its model) and a mismatch is refused in one line.
 
 Latency: every query keeps the round trip at the client (``rtt_ms``), the server's own compute time from the
 reply (``server_timing.infer_ms``, when the server sends it) and their difference (``transport_ms``) in
-:attr:`RemotePolicy.remote_ms`; the query's latency in ``infer_ms`` is the round trip plus packing.
+:attr:`RemotePolicy.remote_ms`; the query's latency in ``infer_ms`` is the round trip plus packing. The first
+``warmup_queries`` of a policy object are warm-up (as :class:`~eval.policies.base.Policy` counts them): the
+try's record keeps their times apart (``remote_warmup_ms``).
 
-Faults: a server that cannot be reached raises :class:`ServerUnreachable` (one line naming the URL); a dropped
-connection :class:`ServerError`; a reply without ``actions``, of the wrong shape or not finite
-:class:`MalformedReply` naming the key. The last two are :class:`~eval.policies.base.BadActionError`, which the
-runner reports in one line naming the try (its finished tries are kept; rerunning continues). A reply later
-than ``timeout_s`` raises :class:`ServerError`; the runner's ``--step-timeout`` watchdog flags a try whose
-query hangs longer than its own limit as ``policy_hang``.
+Faults: a server that cannot be reached or does not match the profile raises :class:`ServerUnreachable` (one
+line naming the URL); a dropped connection :class:`ServerDropped`; an error the server answers with
+:class:`ServerError` carrying the server's exception (type and message, in one line); a reply without
+``actions``, of another shape than the profile's or not finite :class:`MalformedReply` naming the key and the
+expected shape. The last three are :class:`~eval.policies.base.BadActionError`, which the runner reports in one
+line naming the try (its finished tries are kept; rerunning continues). A reply later than ``timeout_s`` raises
+:class:`ServerError`; the runner's ``--step-timeout`` watchdog flags a try whose query hangs longer than its own
+limit as ``policy_hang``.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import copy
 import itertools
 import time
 import urllib.parse
+from http import HTTPStatus
 from typing import Any, Mapping
 
 import numpy as np
@@ -65,8 +74,8 @@ def _numpy(x):
 
 
 class Link:
-    """One WebSocket connection speaking ``protocol``; ``call`` sends one request and returns the reply map and
-    the round trip (ms)."""
+    """One WebSocket connection speaking ``protocol`` (openpi, vla-eval); ``call`` sends one request and returns
+    the reply map and the round trip (ms)."""
 
     def __init__(self, url: str, protocol: str, token: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
         wire.check_protocol(protocol)
@@ -94,11 +103,7 @@ class Link:
             self.ws = wsc.connect(url, compression=None, max_size=None, additional_headers=headers,
                                   open_timeout=CONNECT_TIMEOUT_S, ping_interval=None).__enter__()
         except Exception as e:  # noqa: BLE001 - refused, unresolvable, rejected handshake (401): one line
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            if "401" in reason:
-                reason = "the server refused the token (HTTP 401): pass the server's --token"
-            raise ServerUnreachable(f"cannot reach the model server at {self.url} ({reason}); start it "
-                                    "(python -m eval.serve ...) or fix --server") from None
+            raise ServerUnreachable(_unreachable(self.url, e)) from None
         try:
             if self.protocol == "openpi":
                 self.metadata = self._openpi(self._recv(CONNECT_TIMEOUT_S))
@@ -120,7 +125,7 @@ class Link:
             raise ServerError(f"no reply from the model server at {self.url} within {timeout:g} s") from None
         except Exception as e:  # noqa: BLE001 - ConnectionClosed and the like
             raise ServerDropped(f"the connection to the model server at {self.url} dropped ({type(e).__name__}: "
-                                f"{str(e).splitlines()[0] if str(e) else ''})") from None
+                                f"{wire.one_line(str(e), 200)})") from None
 
     def _send(self, data: bytes) -> None:
         try:
@@ -130,12 +135,12 @@ class Link:
                                 ) from None
 
     def _openpi(self, data) -> dict:
-        if isinstance(data, str):
-            raise ServerError(f"the model server at {self.url} answered with an error: {data.strip()[:200]}")
+        if isinstance(data, str):  # openpi's server sends its traceback as text (eval.serve the exception)
+            raise ServerError(f"the model server at {self.url} answered with an error: {wire.exception_line(data)}")
         try:
             reply = wire.openpi_unpack(data)
         except wire.ProtocolError as e:
-            raise MalformedReply(f"a malformed reply from {self.url}: {str(e).splitlines()[0]}") from None
+            raise MalformedReply(f"a malformed reply from {self.url}: {wire.one_line(str(e))}") from None
         if not isinstance(reply, dict):
             raise MalformedReply(f"a reply from {self.url} is a {type(reply).__name__}, not a map")
         return reply
@@ -162,7 +167,10 @@ class Link:
             while True:
                 msg = self._recv_vla(self.timeout_s)
                 if msg["type"] == "error":
-                    raise ServerError(f"the model server at {self.url} answered with an error: {msg['payload']}")
+                    error = msg["payload"].get("error", msg["payload"]) if isinstance(msg["payload"], dict) \
+                        else msg["payload"]
+                    raise ServerError(f"the model server at {self.url} answered with an error: "
+                                      f"{wire.one_line(str(error))}")
                 if msg["type"] == "action" and msg["seq"] in (seq, 0):
                     break
             reply = msg["payload"] if isinstance(msg["payload"], dict) else {}
@@ -181,6 +189,122 @@ class Link:
             self.ws = None
 
 
+class HttpLink:
+    """openvla-oft's deploy.py server: one kept-alive HTTP connection, ``POST /act`` of JSON with json_numpy
+    arrays (:mod:`eval.remote.wire`); ``call`` returns ``{"actions": the reply's list}`` and the round trip."""
+
+    protocol = "openvla-http"
+
+    def __init__(self, url: str, token: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
+        parts = urllib.parse.urlsplit(url)
+        self.url, self.token, self.timeout_s = url, token, timeout_s
+        self.path = parts.path if parts.path not in ("", "/") else "/act"
+        self.https, self.host, self.port = parts.scheme == "https", parts.hostname, parts.port
+        self.metadata: dict = {}
+        self.conn = None
+        self.connect()
+
+    def connect(self) -> None:
+        import http.client
+
+        cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+        self.conn = cls(self.host, self.port, timeout=CONNECT_TIMEOUT_S)
+        try:
+            status, body = self._request("GET", "/openapi.json", None)  # FastAPI's route list
+        except ServerError as e:  # refused, unresolvable, silent
+            raise ServerUnreachable(_unreachable(self.url, e)) from None
+        try:
+            paths = wire.json_numpy_loads(body).get("paths", {}) if status == HTTPStatus.OK else {}
+        except (wire.ProtocolError, AttributeError):
+            paths = {}
+        if "post" not in (paths.get(self.path) or {}):
+            self.close()
+            raise ServerUnreachable(f"the model server at {self.url} does not speak openvla-http (its /openapi.json "
+                                    f"lists no POST {self.path}: HTTP {status}); check --protocol and --server")
+        self.metadata = {"paths": sorted(paths)}
+        self.conn.timeout = self.timeout_s
+        if self.conn.sock is not None:
+            self.conn.sock.settimeout(self.timeout_s)
+
+    def _request(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
+        import http.client
+
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        if self.token:
+            headers["Authorization"] = f"Api-Key {self.token}"
+        try:
+            self.conn.request(method, path, body=body, headers=headers)
+            response = self.conn.getresponse()
+            return response.status, response.read()
+        except TimeoutError:
+            raise ServerError(f"no reply from the model server at {self.url} within {self.timeout_s:g} s") from None
+        except (OSError, http.client.HTTPException) as e:
+            raise ServerDropped(f"the connection to the model server at {self.url} dropped ({type(e).__name__}: "
+                                f"{wire.one_line(str(e), 200)})") from None
+
+    def call(self, payload: dict) -> tuple[dict, float]:
+        t0 = time.perf_counter()
+        status, body = self._request("POST", self.path, wire.json_numpy_dumps(payload))
+        ms = (time.perf_counter() - t0) * 1e3
+        if status != HTTPStatus.OK:
+            raise ServerError(f"the model server at {self.url} answered HTTP {status}: "
+                              f"{wire.one_line(body.decode(errors='replace'), 300)}")
+        try:
+            reply = wire.json_numpy_loads(body)
+        except wire.ProtocolError as e:
+            raise MalformedReply(f"a malformed reply from {self.url}: {e}") from None
+        if reply == "error":  # deploy.py's answer when get_vla_action raised (the traceback is in its log)
+            raise ServerError(f"the model server at {self.url} answered \"error\" (deploy.py's reply when "
+                              "get_vla_action raised; its log has the traceback): check the server's flags")
+        return (reply if isinstance(reply, dict) else {"actions": reply}), ms
+
+    def episode_start(self, payload: dict) -> None:
+        """deploy.py keeps no episode state."""
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+def _unreachable(url: str, e: Exception) -> str:
+    reason = wire.one_line(str(e), 200) if str(e) else type(e).__name__
+    if "401" in reason:
+        reason = "the server refused the token (HTTP 401): pass the server's --token"
+    return f"cannot reach the model server at {url} ({reason}); start it (python -m eval.serve ...) or fix --server"
+
+
+def connect(url: str, protocol: str, token: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
+    """A link to the server at ``url`` speaking ``protocol`` (its handshake done)."""
+    if wire.check_protocol(protocol) == "openvla-http":
+        return HttpLink(url, token, timeout_s)
+    return Link(url, protocol, token, timeout_s)
+
+
+def check_metadata(profile: Profile, meta: Mapping[str, Any], url: str) -> None:
+    """What the server says of itself against the profile: one-line :class:`ServerUnreachable` on a mismatch."""
+    ours = meta.get("server") == "eval.serve" or meta.get("model_server") == "eval.serve"
+    if profile.native and not ours:
+        raise ServerUnreachable(f"the model server at {url} is not a server of this project (python -m "
+                                f"eval.serve), which profile {profile.name} needs: pick its model's own profile")
+    if profile.native and meta.get("model") != profile.name:
+        raise ServerUnreachable(f"the model server at {url} serves {meta.get('model')!r}, not {profile.name}: "
+                                f"use --profile {meta.get('model')}")
+    if not profile.native and ours:
+        raise ServerUnreachable(f"the model server at {url} is eval.serve serving {meta.get('model')!r}: use "
+                                f"--profile {meta.get('model')}")
+    spec = meta.get("action_spec") if isinstance(meta.get("action_spec"), dict) else {}
+    declared = (spec.get("gripper") or {}).get("format") if isinstance(spec.get("gripper"), dict) else None
+    if profile.hello_gripper and declared and declared != profile.hello_gripper:
+        raise ServerUnreachable(f"the model server at {url} declares its gripper {declared!r}; profile "
+                                f"{profile.name} is written for {profile.hello_gripper!r}: check --profile")
+    takes = meta.get("observation_spec")
+    missing = [k for k in profile.hello_needs if isinstance(takes, dict) and k not in takes]
+    if missing:
+        raise ServerUnreachable(f"the model server at {url} takes no {', '.join(missing)} (its observation_spec), "
+                                f"which {profile.name} sends: restart it with {profile.hello_fix}")
+
+
 TOKEN_ENV = "SAB_REMOTE_TOKEN"  # the token, when --token is not given (neither is ever written to a file)
 
 
@@ -190,16 +314,16 @@ def resolve_token(token: str | None) -> str | None:
     return token or os.environ.get(TOKEN_ENV) or None
 
 
-def check_server(server: str | None, protocol: str | None, profile: str | None, token: str | None = None) -> None:
-    """One line (ValueError / ServerUnreachable) when the options are wrong or the server is not there: run
-    before any scene is built."""
-    if not server:
-        raise ValueError("--model remote needs --server ws://HOST:PORT")
-    if not server.startswith(("ws://", "wss://")):
-        raise ValueError(f"--server must be a ws:// or wss:// URL, got {server!r}")
-    wire.check_protocol(protocol or "openpi")
-    get_profile(profile or "")
-    Link(server, protocol or "openpi", resolve_token(token), timeout_s=CONNECT_TIMEOUT_S).close()
+def check_server(server: str | None, protocol: str, profile: str | None, token: str | None = None) -> None:
+    """One line (ValueError / ServerUnreachable) when the options are wrong, the server is not there or does not
+    match the profile: run before any scene is built."""
+    wire.check_url(server, protocol)
+    p = get_profile(profile or "", protocol)
+    link = connect(server, protocol, resolve_token(token), timeout_s=CONNECT_TIMEOUT_S)
+    try:
+        check_metadata(p, link.metadata, server)
+    finally:
+        link.close()
 
 
 _slots = itertools.count()
@@ -213,15 +337,20 @@ class RemotePolicy(Policy):
     def __init__(self, server: str, protocol: str = "openpi", profile: str = "octo-small", token: str | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S):
         super().__init__()
-        self.profile: Profile = get_profile(profile)
-        self.protocol = wire.check_protocol(protocol)
+        self.profile: Profile = get_profile(profile, protocol)
+        self.protocol = protocol
         token = resolve_token(token)
-        self.url, self.token, self.timeout_s = server, token, timeout_s
+        self.url, self.token, self.timeout_s = wire.check_url(server, protocol), token, timeout_s
         self.name = f"remote:{self.profile.name}"
         self.observes, self.track = self.profile.observes, self.profile.track
         self.batchable = self.profile.native
-        self.link = Link(server, protocol, token, timeout_s)
+        self.link = connect(server, protocol, token, timeout_s)
         meta = self.link.metadata
+        try:
+            check_metadata(self.profile, meta, server)
+        except ServerUnreachable:
+            self.link.close()
+            raise
         self.backend = f"remote {protocol}" + (f" {meta['backend']}" if meta.get("backend") else "")
         self.weights_sha256 = meta.get("weights_sha256")
         self.note = meta.get("note")
@@ -232,7 +361,8 @@ class RemotePolicy(Policy):
         self.prompt = ""
         self._queue: list[np.ndarray] = []
         self._earlier: list[dict] = []  # observations of steps served from the queue, sent with the next query
-        self.remote_ms: list[tuple[float, float | None]] = []  # (round trip, server compute) per query
+        # per query of this try: (round trip, server compute or None, warm-up: one of the object's first queries)
+        self.remote_ms: list[tuple[float, float | None, bool]] = []
 
     # ------------------------------------------------------------ Policy interface
     def reset(self, instruction: str, seed: int | None = None) -> None:
@@ -244,8 +374,11 @@ class RemotePolicy(Policy):
             self.link.episode_start({"task_description": instruction, "seed": self.seed})
 
     def reads_observation(self, step: int) -> bool:
-        """As the served policy reads (its window and horizon come in the server's metadata)."""
-        if not self.profile.native or self.profile.observes == "state" or not self.reads:
+        """As the served policy reads (its window and horizon come in the server's metadata); a foreign model
+        the steps that query it (every ``execute``-th: the others are served from its chunk)."""
+        if not self.profile.native:
+            return step % self.profile.execute == 0
+        if self.profile.observes == "state" or not self.reads:
             return True
         if self.reads.get("temporal_ensembling"):
             return True
@@ -297,8 +430,7 @@ class RemotePolicy(Policy):
             return super().act(observation)
         if not self._queue:
             reply = self._call(foreign_inputs(self.profile, observation, self.protocol))
-            actions = self._actions(reply, None)
-            chunk = actions[None] if actions.ndim == 1 else actions
+            chunk = self._actions(reply, self.profile.reply_shape).reshape(-1, self.profile.reply_shape[-1])
             self._queue = [to_scene(self.profile, a) for a in chunk[: self.profile.execute]]
         return self._queue.pop(0)
 
@@ -312,46 +444,53 @@ class RemotePolicy(Policy):
 
     def prepare_batch(self, n: int) -> None:
         if self.profile.native:
-            self._call({"prepare": int(n)})
+            self.link.call({"prepare": int(n)})  # untimed, as in-process
 
     def close(self) -> None:
         self.link.close()
 
     # ------------------------------------------------------------ internals
     def _call(self, payload: dict) -> dict:
+        warm = self.queries < self.warmup_queries  # this query's place among the object's (Policy.record_latency)
         reply, rtt = self.link.call(payload)
         timing = reply.get("server_timing") if isinstance(reply.get("server_timing"), dict) else {}
         server = timing.get("infer_ms")
-        self.remote_ms.append((rtt, None if server is None else float(server)))
+        self.remote_ms.append((rtt, None if server is None else float(server), warm))
         return reply
 
-    def _actions(self, reply: dict, shape: tuple[int, ...] | None) -> np.ndarray:
+    def _actions(self, reply: dict, shape: tuple[int, ...]) -> np.ndarray:
         where = f"the reply from {self.url} (seed {self.seed})"
+        expected = f"expected 'actions' of shape {shape} ({self.profile.name})"
         if "actions" not in reply:
-            raise MalformedReply(f"{where} has no key 'actions' (keys: {', '.join(map(str, reply)) or 'none'})")
+            raise MalformedReply(f"{where} has no key 'actions' (keys: {', '.join(map(str, reply)) or 'none'}); "
+                                 f"{expected}")
         try:
             actions = np.asarray(reply["actions"], dtype=np.float32)
         except (TypeError, ValueError):
-            raise MalformedReply(f"{where}: key 'actions' is not a numeric array") from None
-        if shape is not None and actions.shape != shape:
-            raise MalformedReply(f"{where}: key 'actions' has shape {actions.shape}, expected {shape}")
-        if actions.ndim not in (1, 2) or actions.shape[-1] < ACTION_DIM:
-            raise MalformedReply(f"{where}: key 'actions' has shape {actions.shape}, expected (..., >= 7)")
+            raise MalformedReply(f"{where}: key 'actions' is not a numeric array; {expected}") from None
+        if actions.shape != shape:
+            raise MalformedReply(f"{where}: key 'actions' has shape {actions.shape}; {expected}")
         if not np.all(np.isfinite(actions)):
-            raise MalformedReply(f"{where}: key 'actions' holds non-finite values")
+            raise MalformedReply(f"{where}: key 'actions' holds non-finite values; {expected}, finite")
         return actions
 
-    def remote_latency(self) -> dict[str, list[float]]:
-        """Per query: round trip at the client, the server's compute time and their difference (ms)."""
-        rtt = [r for r, _ in self.remote_ms]
-        server = [s for _, s in self.remote_ms if s is not None]
-        transport = [r - s for r, s in self.remote_ms if s is not None]
-        return {"rtt_ms": rtt, "server_ms": server, "transport_ms": transport}
+    def remote_latency(self, warmup: bool = False) -> dict[str, list[float]]:
+        """Per query of this try (the timed ones, or with ``warmup`` the warm-up ones): round trip at the
+        client, the server's compute time and their difference (ms)."""
+        kept = [(r, s) for r, s, w in self.remote_ms if w == warmup]
+        return {"rtt_ms": [r for r, _ in kept], "server_ms": [s for _, s in kept if s is not None],
+                "transport_ms": [r - s for r, s in kept if s is not None]}
 
     def record_fields(self) -> dict[str, Any]:
-        """The try's record keeps every query's round trip, server compute and transport (ms, 3 digits; with
-        one scene: a batch's calls are timed in its batch record)."""
-        return {"remote_ms": {k: [float(f"{x:.3g}") for x in v] for k, v in self.remote_latency().items()}}
+        """The try's record keeps every timed query's round trip, server compute and transport, and the warm-up
+        queries' apart (ms, 3 digits; with one scene: a batch's calls are timed in its batch record)."""
+        def rounded(times):
+            return {k: [float(f"{x:.3g}") for x in v] for k, v in times.items()}
+
+        out = {"remote_ms": rounded(self.remote_latency())}
+        if any(w for _, _, w in self.remote_ms):
+            out["remote_warmup_ms"] = rounded(self.remote_latency(warmup=True))
+        return out
 
 
 class LiveLatencyPolicy(Policy):
@@ -410,8 +549,8 @@ class LiveLatencyPolicy(Policy):
     def stale_ratio(self) -> float:
         return self.stale_steps / self.step if self.step else 0.0
 
-    def remote_latency(self) -> dict[str, list[float]]:
-        return self.inner.remote_latency()
+    def remote_latency(self, warmup: bool = False) -> dict[str, list[float]]:
+        return self.inner.remote_latency(warmup)
 
     def close(self) -> None:
         self.inner.close()

@@ -1,4 +1,4 @@
-"""The two wire protocols, byte for byte as their reference packages speak them.
+"""The three wire protocols, byte for byte as their reference code speaks them.
 
 **openpi** (``openpi-client`` 0.1.2: ``websocket_client_policy.py``, ``msgpack_numpy.py``): a WebSocket; the
 server sends its metadata (one msgpack map) as soon as a client connects; then each client message is one
@@ -13,20 +13,32 @@ of hello, observation, action, episode_start, episode_end, error; arrays as ``{"
 "dtype", "shape"}`` (string keys), images optionally as PNG/JPEG (decoded here with vla-eval's own codec when it
 is installed). The client opens with HELLO and the server answers HELLO; an ACTION echoes its observation's
 ``seq``; ``GET /health`` answers 200 before the WebSocket handshake. vla-eval's client sends no headers, so
-a token may also travel in the URL's query (``ws://HOST:PORT/?token=KEY``).
+a token may also travel in the URL's query (``ws://HOST:PORT/?token=KEY``). An error is an ERROR message
+``{"error": "observation_failed: Type: message"}``.
 
-Both codecs are implemented here with ``msgpack`` alone (the client needs neither reference package); the tests
-check them against the real packages.
+**openvla-http** (openvla-oft's own server, ``vla-scripts/deploy.py`` of moojink/openvla-oft@213c5ff): HTTP
+``POST /act`` (port 8777 by default) of one JSON observation map, arrays encoded as ``json_numpy`` 2.1.1 encodes
+them (``{"__numpy__": base64 of the C-order bytes, "dtype": numpy's descr, "shape": [...]}``: deploy.py calls
+``json_numpy.patch()``, so FastAPI decodes them); the reply is the JSON list of the chunk's actions (arrays
+encoded alike), or the JSON string ``"error"`` when ``get_vla_action`` raised (the traceback stays in the
+server's log). A FastAPI server lists its routes at ``GET /openapi.json``: the handshake checks ``/act`` is one.
+
+The codecs are implemented here with ``msgpack``, ``json`` and ``base64`` alone (the client needs none of the
+reference packages); the tests check them against the real packages.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from typing import Any
 
 import numpy as np
 
-PROTOCOLS = ("openpi", "vla-eval")
+PROTOCOLS = ("openpi", "vla-eval", "openvla-http")
+SERVED_PROTOCOLS = ("openpi", "vla-eval")  # what eval.serve speaks (openvla-http is openvla-oft's own server)
+URL_SCHEMES = {"openpi": ("ws", "wss"), "vla-eval": ("ws", "wss"), "openvla-http": ("http", "https")}
 VLA_EVAL_PROTOCOL_VERSION = 1
 VLA_TYPES = ("hello", "observation", "action", "episode_start", "episode_end", "error")
 
@@ -43,6 +55,34 @@ def check_protocol(protocol: str) -> str:
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; valid: {', '.join(PROTOCOLS)}")
     return protocol
+
+
+def check_url(url: str | None, protocol: str) -> str:
+    """The server URL of ``protocol`` (ws:// or wss://; http:// or https:// for openvla-http), or one line."""
+    schemes = URL_SCHEMES[check_protocol(protocol)]
+    example = f"{schemes[0]}://HOST:PORT"
+    if not url:
+        raise ValueError(f"--model remote needs --server {example}")
+    if url.split("://", 1)[0] not in schemes or "://" not in url:
+        raise ValueError(f"--server must be a {' or '.join(s + '://' for s in schemes)} URL for --protocol "
+                         f"{protocol}, got {url!r}")
+    return url
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    """Text of a peer (an error, a reply) as one line of at most ``limit`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def exception_line(text: str) -> str:
+    """The exception (type and message) of a server's error text, in one line: of a Python traceback (what
+    openpi's websocket_policy_server sends) the lines after its last frame, else the text itself."""
+    lines = [ln for ln in str(text).strip().splitlines() if ln.strip()]
+    if lines and lines[0].startswith("Traceback (most recent call last)"):
+        frames = [i for i, ln in enumerate(lines) if ln.startswith(" ")]
+        lines = lines[frames[-1] + 1:] if frames and frames[-1] + 1 < len(lines) else lines[-1:]
+    return one_line(" ".join(lines)) or "(no text)"
 
 
 # ------------------------------------------------------------------ openpi: msgpack-numpy
@@ -145,3 +185,45 @@ def vla_unpack(data: bytes) -> dict:
 
 def hello_payload(**extra: Any) -> dict:
     return {"harness_version": "shape-assembly-bench", "protocol_version": VLA_EVAL_PROTOCOL_VERSION, **extra}
+
+
+# ------------------------------------------------------------------ openvla-http: JSON with json_numpy arrays
+def _json_numpy_default(obj):
+    if isinstance(obj, (np.ndarray, np.generic)):
+        from numpy.lib.format import dtype_to_descr
+
+        if obj.dtype.kind not in "biuf":
+            raise ProtocolError(f"cannot send an array of dtype {obj.dtype}")
+        return {"__numpy__": base64.b64encode(np.ascontiguousarray(obj).tobytes()).decode(),
+                "dtype": dtype_to_descr(obj.dtype), "shape": list(np.shape(obj))}
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
+def _json_numpy_hook(obj: dict):
+    if "__numpy__" not in obj:
+        return obj
+    from numpy.lib.format import descr_to_dtype
+
+    try:
+        dtype = descr_to_dtype(obj["dtype"])
+        if dtype.kind not in "biuf":
+            raise ProtocolError(f"disallowed array dtype {dtype}")
+        flat = np.frombuffer(base64.b64decode(obj["__numpy__"]), dtype)
+        return flat.reshape(obj["shape"]) if obj["shape"] else flat[0]
+    except ProtocolError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a malformed array from the peer: one line
+        raise ProtocolError(f"a malformed json_numpy array ({_line(e)})") from None
+
+
+def json_numpy_dumps(obj: Any) -> bytes:
+    return json.dumps(obj, default=_json_numpy_default, allow_nan=False).encode()
+
+
+def json_numpy_loads(data: bytes) -> Any:
+    try:
+        return json.loads(data, object_hook=_json_numpy_hook)
+    except ProtocolError:
+        raise
+    except ValueError as e:
+        raise ProtocolError(f"not a JSON reply ({len(data)} bytes): {_line(e)}") from None

@@ -152,11 +152,15 @@ def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | 
     for n, s in summaries.items():
         v = s.get("served")
         if v and v["rtt_ms"]:
-            line = (f"{n + ': ' if several else ''}served model, {v['queries']} queries: round trip p50 "
+            warm = v.get("warmup_queries")
+            line = (f"{n + ': ' if several else ''}served model, {v['queries']} queries"
+                    + (f" ({warm} warm-up queries apart)" if warm else "") + ": round trip p50 "
                     f"{v['rtt_ms']['p50']:.1f} ms (p99 {v['rtt_ms']['p99']:.1f})")
             if v["server_ms"] and v["transport_ms"]:
                 line += (f", the server's compute p50 {v['server_ms']['p50']:.1f} ms, transport p50 "
                          f"{v['transport_ms']['p50']:.1f} ms (p99 {v['transport_ms']['p99']:.1f})")
+                if v.get("transport_share_of_rtt") is not None:
+                    line += f", {100 * v['transport_share_of_rtt']:.1f}% of the round-trip time"
             if v["stale_ratio"] is not None:
                 line += f"; the arm held on {100 * v['stale_ratio']:.1f}% of steps waiting for a chunk (live latency)"
             L.append(line + ".")

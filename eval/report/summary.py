@@ -275,7 +275,7 @@ def build_summary(records: Iterable[Mapping], *, model: str | None = None,
                       "setup_interval": "Wilson 95%"},
         "warnings": warnings,
     }
-    served = _served(scored)
+    served = served_latency(scored)
     if served is not None:  # only runs of a model behind a server (eval.remote) have it
         summary["served"] = served
     if meta["appearance"] is not None:  # camera models' records name what their frames looked like
@@ -284,20 +284,30 @@ def build_summary(records: Iterable[Mapping], *, model: str | None = None,
     return summary
 
 
-def _served(records: Sequence[Mapping]) -> dict | None:
-    """Round trip, server compute and transport per query (p50, p99) of a served model's tries, and the share
-    of steps the arm held waiting for a chunk (``--live-latency``); None for other runs."""
+def served_latency(records: Sequence[Mapping]) -> dict | None:
+    """Round trip, server compute and transport per timed query (p50, p99), the transport's share of the
+    round-trip time, the warm-up queries counted apart (each policy object's first queries: compilation,
+    caches; a record keeps their times in ``remote_warmup_ms``), and the share of steps the arm held waiting
+    for a chunk (``--live-latency``); None for other runs."""
     times = [r["remote_ms"] for r in records if r.get("remote_ms")]
     if not times:
         return None
 
+    def values(key):
+        return np.array([x for t in times for x in t.get(key, [])], dtype=float)
+
     def pct(key):
-        xs = np.array([x for t in times for x in t.get(key, [])], dtype=float)
+        xs = values(key)
         return {"p50": float(np.percentile(xs, 50)), "p99": float(np.percentile(xs, 99))} if len(xs) else None
 
+    # of the queries the server timed, round trip = transport + compute
+    transport, compute = values("transport_ms"), values("server_ms")
+    total = float(transport.sum() + compute.sum())
     stale = [r for r in records if "stale_steps" in r]
-    return {"queries": sum(len(t.get("rtt_ms", [])) for t in times), "rtt_ms": pct("rtt_ms"),
-            "server_ms": pct("server_ms"), "transport_ms": pct("transport_ms"),
+    return {"queries": sum(len(t.get("rtt_ms", [])) for t in times),
+            "warmup_queries": sum(len((r.get("remote_warmup_ms") or {}).get("rtt_ms", [])) for r in records),
+            "rtt_ms": pct("rtt_ms"), "server_ms": pct("server_ms"), "transport_ms": pct("transport_ms"),
+            "transport_share_of_rtt": float(transport.sum()) / total if len(transport) and total > 0 else None,
             "stale_ratio": (sum(r["stale_steps"] for r in stale) / max(1, sum(int(r.get("steps") or 0) for r in stale)))
             if stale else None}
 

@@ -299,6 +299,16 @@ def _pub_row(p: Entry, pub: Published, status: str) -> str:
             f'<td class=l>{e(pub.machine)}</td><td class="l w2">{e(status)}</td></tr>')
 
 
+def remote_command(profile: str) -> str:
+    """The eval.run options that evaluate a model behind its server with ``profile`` (its protocol's URL)."""
+    from eval.remote.profiles import PROFILES
+    from eval.remote.wire import URL_SCHEMES
+
+    protocol = PROFILES[profile].protocols[0]
+    return (f"--model remote --protocol {protocol} --profile {profile} "
+            f"--server {URL_SCHEMES[protocol][0]}://HOST:PORT")
+
+
 def ranked_needs(pub: Published) -> str:
     """What a ranked row needs, and the commands that make one."""
     from engines.octo.config import HF_REPOS
@@ -317,9 +327,9 @@ def ranked_needs(pub: Published) -> str:
         f'To make one on a machine with internet (the weights, {", ".join(HF_REPOS.values())}, are fetched into '
         f'the Hugging Face cache on first use), run the benchmark and rebuild this page:<pre>{e(cmd)}</pre>'
         f'{", ".join(map(nm, HF_REPOS))}: in-process Octo 1.5 (JAX, or ONNX Runtime with <code>--backend ort</code>). '
-        + (f'{", ".join(map(nm, served))}: server profiles exist (<code>--model remote --profile '
-           f'{e(served[0])} --server ws://HOST:PORT</code>, eval/remote/profiles.py), not run here: they need the '
-           "model's own server with its released weights." if served else "") + "</div>")
+        + (f'{", ".join(map(nm, served))}: server profiles exist (<code>{e(remote_command(served[0]))}</code>, '
+           "eval/remote/profiles.py), not run here: they need the model's own server with its released weights."
+           if served else "") + "</div>")
 
 
 def section_leaderboard(runs: Sequence[Run], pub: Published) -> str:
@@ -745,8 +755,7 @@ def section_models(runs: Sequence[Run], pub: Published) -> str:
         prof = PROFILES.get(name)
         track = spec.track if spec else (prof.track if prof else "frozen")
         what = spec.describe(name) if spec else (prof.description if prof else "")
-        how = (f"--model {name}" if spec else
-               f"--model remote --profile {name} --server ws://HOST:PORT" if prof else "no adapter here")
+        how = f"--model {name}" if spec else remote_command(name) if prof else "no adapter here"
         mine = [r for r in runs if r.model == name]
         here = ", ".join(f'{e(r.label)} ({e(SECTION_SHORT[r.status["section"]])})' for r in mine) or \
             ("none: needs its released weights" if track == "frozen" else "none")
