@@ -255,7 +255,7 @@ def step_system(ctx: StepContext) -> int:
 def step_jax_octo(ctx: StepContext, model: str) -> int:
     import jax
 
-    from engines.octo.engine import OctoEngine, get_engine
+    from engines.octo.octo_model import OctoModel, load_octo
 
     cpu = jax.devices("cpu")[0]
     if ctx.dry_run:
@@ -272,18 +272,18 @@ def step_jax_octo(ctx: StepContext, model: str) -> int:
 
     t0 = time.monotonic()
     if ctx.dry_run:  # the tiny test model: same structure, tiny sizes, 5 diffusion steps
-        from engines.octo.testing import tiny_engine
+        from engines.octo.testing import tiny_octo
 
         with jax.default_device(accel):
-            eng = tiny_engine(seed=1)
+            eng = tiny_octo(seed=1)
         with jax.default_device(cpu):
-            ref = tiny_engine(seed=1)
+            ref = tiny_octo(seed=1)
         name = f"octo-tiny (dry run of {model})"
     else:  # seeded random weights: both engines get the same numpy draws
         with jax.default_device(accel):
-            eng = get_engine(model, random_weights=True)
+            eng = load_octo(model, random_weights=True)
         with jax.default_device(cpu):
-            ref = OctoEngine.load(model, random_weights=True)
+            ref = OctoModel.load(model, random_weights=True)
         name = model
     leaf_a, leaf_b = (jax.tree_util.tree_leaves(e.params)[0] for e in (eng, ref))
     if not np.array_equal(np.asarray(leaf_a), np.asarray(leaf_b)):

@@ -160,10 +160,10 @@ def bench_octo(b: Bench, batch: int, model: str = "octo-small") -> None:
             return
     import jax
 
-    from engines.octo.engine import get_engine
+    from engines.octo.octo_model import load_octo
 
     t0 = time.perf_counter()
-    engine = get_engine(model, random_weights=True, seed=0)
+    engine = load_octo(model, random_weights=True, seed=0)
     load_s = time.perf_counter() - t0
     cfg = engine.cfg
     lang1 = engine.embed("put the square block into the square hole")[None]

@@ -238,7 +238,7 @@ def run(cfg: BenchConfig, variants: list[OrtVariant] | None = None) -> dict:
 
     from engines.flops import graph_flops, matmul_peak
     from engines.octo.config import PRESETS
-    from engines.octo.export import backbone_feeds, onnx_for_engine, params_digest, sampler_feeds
+    from engines.octo.export import backbone_feeds, onnx_for_octo, params_digest, sampler_feeds
     from engines.octo.model import make_backbone, make_infer, make_sampler
     from engines.octo.params import init_params
     from engines.octo.runners import OnnxOcto
@@ -254,7 +254,7 @@ def run(cfg: BenchConfig, variants: list[OrtVariant] | None = None) -> dict:
     # the graphs --backend ort runs: make engines' folder when its weights match, else the export cache
     engine = SimpleNamespace(cfg=ocfg, params=params, identity=f"random-weights:{cfg.model}:seed{cfg.seed}",
                              random_weights=True)
-    graphs = onnx_for_engine(engine, search=(Path(cfg.onnx_dir),), progress=True)
+    graphs = onnx_for_octo(engine, search=(Path(cfg.onnx_dir),), progress=True)
     variants = default_variants(graphs, digest, cores) if variants is None else list(variants)
 
     rs = np.random.default_rng(cfg.seed + 1)
@@ -265,7 +265,7 @@ def run(cfg: BenchConfig, variants: list[OrtVariant] | None = None) -> dict:
     noise = (rs.normal(size=(1, ocfg.flat_action_dim)).astype(np.float32),
              rs.normal(size=(ocfg.diffusion_steps, 1, ocfg.flat_action_dim)).astype(np.float32))
 
-    # JAX: the whole query jitted (what OctoEngine.predict runs), and its two parts apart
+    # JAX: the whole query jitted (what OctoModel.predict runs), and its two parts apart
     infer = jax.jit(make_infer(ocfg))
     backbone = jax.jit(make_backbone(ocfg))
     sampler = jax.jit(make_sampler(ocfg))

@@ -220,24 +220,24 @@ def main(argv=None) -> int:
     results: dict = {"targets_p50_over_ort_fp32": TARGETS}
     if not args.skip_octo:
         from benchmarks.record_queries import FILES, OUT_DIR, command_line, load_queries
-        from engines.octo.export import onnx_for_engine, params_digest
+        from engines.octo.export import onnx_for_octo, params_digest
         from engines.onnx_utils import metadata as metadata_of
         from engines.quantize import find_int8, int8_graph, int8_name, octo_calibration
 
         if args.quick:
-            from engines.octo.testing import tiny_engine
+            from engines.octo.testing import tiny_octo
 
-            engine = tiny_engine(seed=1)
+            engine = tiny_octo(seed=1)
             path = ROOT / "runs" / "octo_queries" / FILES["parity"].replace("octo_small", "octo_tiny")
         else:
-            from engines.octo.engine import get_engine
+            from engines.octo.octo_model import load_octo
 
-            engine = get_engine("octo-small", random_weights=True, seed=0)
+            engine = load_octo("octo-small", random_weights=True, seed=0)
             path = OUT_DIR / FILES["parity"]
         arrays, side = load_queries(path)
         if args.quick:
             arrays = {k: v[:4] for k, v in arrays.items()}
-        onnx = onnx_for_engine(engine, progress=progress)
+        onnx = onnx_for_octo(engine, progress=progress)
         digest = params_digest(engine.params)
         if args.quick:
             calib = octo_calibration(engine.cfg, path.with_name(path.name.replace("parity", "calib")))

@@ -38,9 +38,9 @@ def _policy_factory(backend: str, quick: bool):
     from eval.request import make_policy
 
     if quick:
-        from engines.octo.testing import tiny_engine
+        from engines.octo.testing import tiny_octo
 
-        engine = tiny_engine(seed=1)
+        engine = tiny_octo(seed=1)
         return lambda: make_policy("octo-small", engine=engine, backend=backend)
     return lambda: make_policy("octo-small", random_weights=True, backend=backend)
 

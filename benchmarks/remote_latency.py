@@ -122,11 +122,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         proc = server = None
         try:
             if args.quick and model == "octo-small":  # the tiny test Octo in this process: seconds
-                from engines.octo.testing import tiny_engine
+                from engines.octo.testing import tiny_octo
                 from eval.request import make_policy
                 from eval.serve import Server, ServedModel
 
-                server = Server(ServedModel(make_policy("octo-small", engine=tiny_engine(1)), "octo-small"), protocol)
+                server = Server(ServedModel(make_policy("octo-small", engine=tiny_octo(1)), "octo-small"), protocol)
                 url = server.url
             else:
                 proc, url = _start_server(model, backend, protocol)

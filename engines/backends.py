@@ -3,7 +3,7 @@ an activated runner with the ``activate`` / ``infer`` / ``deactivate`` interface
 (the model table in :mod:`eval.policies` assembles them); none builds its own.
 
 - :func:`model_runner`: a model's runner. bc-state (a weights file): ``ort``, ``trt`` or ``torch``; Octo (an
-  :class:`~engines.octo.engine.OctoEngine`): ``jax`` (the jitted model, on the CPU or on the GPU where JAX has
+  :class:`~engines.octo.octo_model.OctoModel`): ``jax`` (the jitted model, on the CPU or on the GPU where JAX has
   CUDA: the GPU engine where TensorRT is absent), ``ort`` or ``trt`` (its two exported graphs).
 - :func:`make_runner`: one exported ONNX graph on a graph backend. ``ort``: ONNX Runtime on the CPU
   (``threads`` intra-op threads; None: the cores this process may use); ``trt``: a TensorRT engine built from
@@ -214,11 +214,11 @@ def model_runner(model: str, spec: BackendSpec, *, weights: str | Path | None = 
 
     if spec.backend == "jax":
         return JaxOcto(engine).activate()
-    from engines.octo.export import onnx_for_engine
+    from engines.octo.export import onnx_for_octo
     from engines.optional import require
 
     require("onnx", "export")
-    onnx = onnx_for_engine(engine)
+    onnx = onnx_for_octo(engine)
     backbone = onnx.backbone
     sampler_spec = spec
     if spec.precision == "int8":

@@ -55,9 +55,9 @@ def record(tries, quick: bool = False, progress: bool = True) -> dict[str, np.nd
     from eval.rollout import Scenes, run_try
 
     if quick:
-        from engines.octo.testing import tiny_engine
+        from engines.octo.testing import tiny_octo
 
-        policy = make_policy("octo-small", engine=tiny_engine(seed=1), backend="jax")
+        policy = make_policy("octo-small", engine=tiny_octo(seed=1), backend="jax")
     else:
         policy = make_policy(MODEL, random_weights=True, backend="jax")
     rec = _Recording(policy.runner)

@@ -236,7 +236,7 @@ class OctoConfig(ModelConfig):
         runtime, from the one backend factory. ``goal_image``: None (language only), a PNG/JPEG file, or
         "solved" (each try of ``setup`` rendered with its blocks in their holes, by ``arm``)."""
         from engines.backends import BackendUnavailable, model_runner
-        from engines.octo.engine import get_engine
+        from engines.octo.octo_model import load_octo
         from engines.octo.errors import OctoError
         from engines.optional import require
         from eval.policies.octo import OctoPolicy, resolve_goal
@@ -245,7 +245,7 @@ class OctoConfig(ModelConfig):
             require(module, "jax")
         goal = resolve_goal(self.goal_image, setup, arm)  # a bad file: one line, before loading
         if engine is None:
-            engine = get_engine(self.name, checkpoint=self.checkpoint, random_weights=self.random_weights, seed=seed,
+            engine = load_octo(self.name, checkpoint=self.checkpoint, random_weights=self.random_weights, seed=seed,
                                 check_size=check_size, revision=self.revision, weights=self._resolved())
         try:
             runner = model_runner(self.name, runtime, engine=engine)

@@ -69,10 +69,10 @@ def test_dlpack_hand_off_shares_memory_and_counts_only_real_copies():
 
 
 def _policies(backend="jax"):
-    from engines.octo.testing import tiny_engine
+    from engines.octo.testing import tiny_octo
     from eval.request import make_policy
 
-    engine = tiny_engine(seed=5)
+    engine = tiny_octo(seed=5)
     return make_policy("octo-small", engine=engine, backend=backend), make_policy("octo-small", engine=engine, backend=backend)
 
 

@@ -32,10 +32,10 @@ LOAD = """
 import json, sys
 import numpy as np
 from engines.hub import HubError
-from engines.octo.engine import OctoEngine
+from engines.octo.octo_model import OctoModel
 from engines.octo.errors import OctoError
 try:
-    e = OctoEngine.load('octo', checkpoint='hf://{repo}', revision={revision!r})
+    e = OctoModel.load('octo', checkpoint='hf://{repo}', revision={revision!r})
 except (HubError, OctoError) as err:  # as the command lines print it
     sys.exit(f'error: {{err}}')
 if {predict}:  # the loaded model answers a query: T5 on the tokenizer fetched, then the backbone and sampler

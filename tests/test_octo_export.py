@@ -13,10 +13,10 @@ import jax.numpy as jnp  # noqa: E402
 
 from engines.backends import rel_err  # noqa: E402
 from engines.octo.export import (  # noqa: E402
-    EXPORT_FORMAT, backbone_input_names, onnx_for_engine, params_digest)
+    EXPORT_FORMAT, backbone_input_names, onnx_for_octo, params_digest)
 from engines.octo.model import make_backbone, make_infer, make_sampler  # noqa: E402
 from engines.octo.params import init_params, without_t5  # noqa: E402
-from engines.octo.testing import tiny_engine  # noqa: E402
+from engines.octo.testing import tiny_octo  # noqa: E402
 from engines.octo.runners import OnnxOcto  # noqa: E402
 from engines.runners import JaxRunner, OnnxRuntimeRunner  # noqa: E402
 
@@ -32,8 +32,8 @@ def shared_cache(tmp_path_factory):
 def exported(shared_cache):
     mp = pytest.MonkeyPatch()
     mp.setenv("SAB_CACHE_DIR", str(shared_cache))
-    engine = tiny_engine()
-    graphs = onnx_for_engine(engine, search=(), progress=False)
+    engine = tiny_octo()
+    graphs = onnx_for_octo(engine, search=(), progress=False)
     mp.undo()
     return engine, graphs
 
@@ -119,11 +119,11 @@ def test_export_is_cached_by_parameter_digest(exported, shared_cache, monkeypatc
         raise AssertionError("exported again although the cache holds these weights")
 
     monkeypatch.setattr(ex, "export_octo", no_export)
-    assert onnx_for_engine(engine, search=()) == graphs
-    other = tiny_engine(seed=5)  # other weights: a different digest, so not the cached files
+    assert onnx_for_octo(engine, search=()) == graphs
+    other = tiny_octo(seed=5)  # other weights: a different digest, so not the cached files
     assert params_digest(other.params) != params_digest(engine.params)
     with pytest.raises(AssertionError, match="exported again"):
-        onnx_for_engine(other, search=())
+        onnx_for_octo(other, search=())
 
 
 def test_jax_runner_behind_the_same_interface(exported, ort_octo):

@@ -13,10 +13,10 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 from engines.backends import rel_err  # noqa: E402
-from engines.octo.engine import goal_arrays  # noqa: E402
+from engines.octo.octo_model import goal_arrays  # noqa: E402
 from engines.octo.model import embed_tokens, goal_cameras, make_backbone, make_infer  # noqa: E402
 from engines.octo.params import init_params  # noqa: E402
-from engines.octo.testing import tiny_config, tiny_engine  # noqa: E402
+from engines.octo.testing import tiny_config, tiny_octo  # noqa: E402
 from tests.tolerances import reblocking_bound  # noqa: E402
 
 REL_TOL = 1e-4  # as test_octo_export: fp32 graphs against JAX
@@ -69,7 +69,7 @@ def test_zero_goal_is_todays_model_bit_for_bit(tiny, backbone):
     a = np.asarray(embed_tokens(params, cfg, images, lang))
     b = np.asarray(embed_tokens(params, cfg, images, lang, goals=zeros))
     np.testing.assert_array_equal(a, b)
-    engine = tiny_engine()
+    engine = tiny_octo()
     rs = np.random.default_rng(3)
     noise = (rs.normal(size=(2, engine.cfg.flat_action_dim)).astype(np.float32),
              rs.normal(size=(engine.cfg.diffusion_steps, 2, engine.cfg.flat_action_dim)).astype(np.float32))
@@ -133,14 +133,14 @@ def test_goal_arrays_check_cameras_and_shapes(tiny):
 def exported(tmp_path_factory):
     pytest.importorskip("jax2onnx")
     pytest.importorskip("onnxruntime")
-    from engines.octo.export import onnx_for_engine
+    from engines.octo.export import onnx_for_octo
     from engines.octo.runners import OnnxOcto
     from engines.runners import OnnxRuntimeRunner
 
     mp = pytest.MonkeyPatch()
     mp.setenv("SAB_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "sab-cache"))  # shared with test_octo_export
-    engine = tiny_engine()
-    graphs = onnx_for_engine(engine, search=(), progress=False)
+    engine = tiny_octo()
+    graphs = onnx_for_octo(engine, search=(), progress=False)
     mp.undo()
     ort = OnnxOcto(engine.cfg, OnnxRuntimeRunner(graphs.backbone), OnnxRuntimeRunner(graphs.sampler)).activate()
     return engine, graphs, ort
@@ -235,7 +235,7 @@ def test_policy_with_a_goal_file(tmp_path):
     from eval.request import make_policy
     from eval.policies.octo import preprocess
 
-    engine = tiny_engine()
+    engine = tiny_octo()
     goal = np.random.default_rng(9).integers(0, 256, (64, 80, 3), dtype=np.uint8)
     path = _png(tmp_path / "goal.png", goal)
     plain = make_policy("octo-small", engine=engine)
@@ -280,7 +280,7 @@ def test_policy_with_a_goal_source_per_try():
             asked.append((start, instruction))
             return np.full((256, 256, 3), start, np.uint8)
 
-    pol = make_policy("octo-small", engine=tiny_engine(), goal_image=None)
+    pol = make_policy("octo-small", engine=tiny_octo(), goal_image=None)
     from eval.policies.octo import OctoPolicy
 
     pol = OctoPolicy(pol.engine, pol.runner, goal=Source())
@@ -408,7 +408,7 @@ def test_solved_goal_is_rendered_with_the_runs_arm():
     from eval.request import make_policy
 
     arm = [a for a in ARMS if a != "panda"][0]
-    pol = make_policy("octo-small", setup=get_setup("A01"), arm=arm, goal_image="solved", engine=tiny_engine())
+    pol = make_policy("octo-small", setup=get_setup("A01"), arm=arm, goal_image="solved", engine=tiny_octo())
     try:
         assert pol._goal_source.arm == arm and pol._goal_source.setup.id == "A01"
     finally:

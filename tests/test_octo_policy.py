@@ -11,7 +11,7 @@ import pytest
 jax = pytest.importorskip("jax")
 
 from engines.octo import checkpoint as ckpt  # noqa: E402
-from engines.octo.engine import RANDOM_WEIGHTS_NOTE, OctoEngine, synthetic_statistics  # noqa: E402
+from engines.octo.octo_model import RANDOM_WEIGHTS_NOTE, OctoModel, synthetic_statistics  # noqa: E402
 from engines.octo.errors import OctoCheckpointError, OctoError, OctoTokenizerError  # noqa: E402
 from engines.octo.params import init_params  # noqa: E402
 from engines.octo.testing import tiny_config, tiny_statistics, train_spiece  # noqa: E402
@@ -187,7 +187,7 @@ def test_random_weights_note_and_tokenizer_fallback(no_local_files):
     np.testing.assert_array_equal(ids, ids2)
     assert ids[mask.sum() - 1] == 1 and mask.sum() == 9 and np.all(ids[mask.sum():] == 0)
     cfg = tiny_config()
-    engine = OctoEngine(cfg, init_params(cfg, seed=4), synthetic_statistics(cfg), identity="random-weights:tiny",
+    engine = OctoModel(cfg, init_params(cfg, seed=4), synthetic_statistics(cfg), identity="random-weights:tiny",
                         tokenizer=HashTokenizer(cfg.t5.vocab_size, cfg.lang_tokens), random_weights=True)
     pol = make_policy("octo-small", engine=engine)
     assert pol.note == RANDOM_WEIGHTS_NOTE == "random weights: latency only, success meaningless"
@@ -199,12 +199,12 @@ def test_real_checkpoint_needs_the_t5_tokenizer(no_local_files, tmp_path):
     cfg = tiny_config()
     path = ckpt.save(tmp_path / "c", cfg, init_params(cfg, seed=2, with_t5=True), tiny_statistics())
     with pytest.raises(WeightsUnavailable) as e:
-        OctoEngine.load("octo-small", checkpoint=path, check_size=False)
+        OctoModel.load("octo-small", checkpoint=path, check_size=False)
     msg = str(e.value)
     assert "google-t5/t5-base (spiece.model)" in msg and str(path / "t5-base" / "spiece.model") in msg
     assert "$OCTO_T5_TOKENIZER" in msg and "\n" not in msg
     with pytest.raises(OctoTokenizerError, match="no t5-base spiece.model there"):
-        OctoEngine.load("octo-small", checkpoint=path, check_size=False, spiece=tmp_path / "nowhere.model")
+        OctoModel.load("octo-small", checkpoint=path, check_size=False, spiece=tmp_path / "nowhere.model")
 
 
 def test_missing_checkpoint_is_one_line(no_local_files):
@@ -229,7 +229,7 @@ def test_checkpoint_found_in_the_hugging_face_cache(no_local_files, tmp_path, ti
     files = ckpt.resolve("octo-small", None)
     assert files.folder == snap and files.repo == "rail-berkeley/octo-small-1.5" and files.revision == "abc123"
     with pytest.raises(OctoCheckpointError, match="is not octo-small"):  # tiny sizes: refused by the size check
-        OctoEngine.load("octo-small")
+        OctoModel.load("octo-small")
 
 
 def test_model_table_rows():
@@ -300,10 +300,10 @@ def test_ort_backend_gives_the_jax_actions_closed_loop(tmp_path_factory, monkeyp
     import jax
 
     from engines.octo.model import make_backbone
-    from engines.octo.testing import tiny_engine
+    from engines.octo.testing import tiny_octo
 
     monkeypatch.setenv("SAB_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "sab-cache"))
-    engine = tiny_engine(seed=1)
+    engine = tiny_octo(seed=1)
     jax_pol = make_policy("octo-small", engine=engine, backend="jax")
     ort_pol = make_policy("octo-small", engine=engine, backend="ort")
     assert ort_pol.backend == "ort" and jax_pol.backend == "jax" and ort_pol.note == RANDOM_WEIGHTS_NOTE

@@ -13,12 +13,12 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 from engines.backends import rel_err  # noqa: E402
-from engines.octo.export import backbone_feeds, onnx_for_engine, sampler_feeds  # noqa: E402
+from engines.octo.export import backbone_feeds, onnx_for_octo, sampler_feeds  # noqa: E402
 from engines.octo.model import make_backbone, make_infer, prefix_groups, structural_mask  # noqa: E402
 from engines.octo.optimize import (  # noqa: E402
     MS_DOMAIN, STANDARD_PASSES, optimize_model, ort_optimized)
 from engines.octo.runners import OnnxOcto  # noqa: E402
-from engines.octo.testing import tiny_engine  # noqa: E402
+from engines.octo.testing import tiny_octo  # noqa: E402
 from engines.runners import OnnxRuntimeRunner  # noqa: E402
 
 
@@ -26,8 +26,8 @@ from engines.runners import OnnxRuntimeRunner  # noqa: E402
 def exported(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("SAB_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "sab-cache"))
-    engine = tiny_engine()
-    graphs = onnx_for_engine(engine, search=(), progress=False)
+    engine = tiny_octo()
+    graphs = onnx_for_octo(engine, search=(), progress=False)
     mp.undo()
     return engine, graphs
 
@@ -193,6 +193,6 @@ def test_a_damaged_export_in_the_cache_is_exported_again(exported, capsys):
     good = graphs.sampler.read_bytes()
     graphs.sampler.write_bytes(good[:100])
     capsys.readouterr()
-    again = onnx_for_engine(engine, search=(), progress=False)
+    again = onnx_for_octo(engine, search=(), progress=False)
     assert again == graphs and graphs.sampler.read_bytes() == good  # the export is byte-stable
     _one_line(capsys, str(graphs.sampler), "damaged")

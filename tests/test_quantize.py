@@ -37,11 +37,11 @@ def _ops(path):
 def tiny():
     pytest.importorskip("jax")
     pytest.importorskip("jax2onnx")
-    from engines.octo.export import onnx_for_engine, params_digest
-    from engines.octo.testing import tiny_engine
+    from engines.octo.export import onnx_for_octo, params_digest
+    from engines.octo.testing import tiny_octo
 
-    engine = tiny_engine(seed=1)
-    return engine, onnx_for_engine(engine, progress=False), params_digest(engine.params)
+    engine = tiny_octo(seed=1)
+    return engine, onnx_for_octo(engine, progress=False), params_digest(engine.params)
 
 
 def _tiny_feeds(cfg, n, seed):

@@ -95,12 +95,12 @@ def test_served_octo_gives_the_in_process_actions_over_vla_eval_batched():
     """Octo (the tiny test engine) on synthetic frames, two scenes of different seeds queried as a batch: the
     same actions step by step, one server call per model query, frames of chunk steps sent with the next."""
     pytest.importorskip("jax")
-    from engines.octo.testing import tiny_engine
+    from engines.octo.testing import tiny_octo
     from eval.request import make_policy
     from eval.policies.base import query_members
     from eval.remote.client import RemotePolicy
 
-    policy = make_policy("octo-small", engine=tiny_engine(seed=1))  # one runner, compiled once, for both sides
+    policy = make_policy("octo-small", engine=tiny_octo(seed=1))  # one runner, compiled once, for both sides
     server = _serve(policy.spawn(), "octo-small", "vla-eval")
     try:
         local = make_members(policy, 2, None)
@@ -454,10 +454,10 @@ class _DeployStub:
 def _octo_served(command: _Command, name: str):
     """octo (the tiny test engine) served by eval.serve, its runner a stub of Octo's output: normalised
     actions whose unnormalised gripper is Bridge's 1 = open, 0 = close (the mask leaves it as output)."""
-    from engines.octo.testing import tiny_engine
+    from engines.octo.testing import tiny_octo
     from eval.policies.octo import OctoPolicy
 
-    engine = tiny_engine(seed=1)
+    engine = tiny_octo(seed=1)
     horizon, dim = engine.cfg.action_horizon, engine.cfg.action_dim
 
     class Runner:

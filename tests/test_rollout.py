@@ -44,10 +44,10 @@ def _one_at_a_time_and_batched(setup_id, tries, factory, cameras, max_steps, num
 
 def test_camera_policy_batched_gives_the_records_of_one_scene_at_a_time():
     pytest.importorskip("jax")
-    from engines.octo.testing import tiny_engine
+    from engines.octo.testing import tiny_octo
     from eval.request import make_policy
 
-    engine = tiny_engine(seed=3)
+    engine = tiny_octo(seed=3)
     single, batched, batch = _one_at_a_time_and_batched(
         "A01", [0, 1], lambda: make_policy("octo-small", engine=engine), cameras=True, max_steps=10)
     assert _outcomes(single) == _outcomes(batched)

@@ -13,7 +13,7 @@ Modules:
   write checkpoints in the released layout;
 - :mod:`~engines.octo.text`: t5 tokenisation from t5-base's ``spiece.model`` (resolved the same way), the
   random-weights fallback, the instruction-embedding cache;
-- :mod:`~engines.octo.engine`: :class:`OctoEngine`, everything above behind ``embed`` / ``predict``.
+- :mod:`~engines.octo.octo_model`: :class:`OctoModel`, everything above behind ``embed`` / ``predict``.
 
 Errors (:class:`OctoError` and subclasses) carry one-line messages.
 """
@@ -23,14 +23,14 @@ from engines.octo.errors import OctoCheckpointError, OctoError, OctoTokenizerErr
 
 __all__ = [
     "HF_REPOS", "PRESETS", "CameraSpec", "OctoConfig", "T5Spec", "octo_base_config", "octo_small_config",
-    "OctoCheckpointError", "OctoError", "OctoTokenizerError", "OctoEngine", "get_engine", "UNNORM_KEY",
+    "OctoCheckpointError", "OctoError", "OctoTokenizerError", "OctoModel", "load_octo", "UNNORM_KEY",
     "RANDOM_WEIGHTS_NOTE",
 ]
 
 
-def __getattr__(name):  # the engine imports jax; load it on first use
-    if name in ("OctoEngine", "get_engine", "UNNORM_KEY", "RANDOM_WEIGHTS_NOTE"):
-        from engines.octo import engine
+def __getattr__(name):  # the loaded model imports jax; load it on first use
+    if name in ("OctoModel", "load_octo", "UNNORM_KEY", "RANDOM_WEIGHTS_NOTE"):
+        from engines.octo import octo_model
 
-        return getattr(engine, name)
+        return getattr(octo_model, name)
     raise AttributeError(name)

@@ -25,8 +25,8 @@ jax version, model, part, a sha256 of the parameters, whether the weights
 are random (``latency_only``) and, for loaded weights, the files they came
 from (``weights``: repo, commit and each file's sha256; ``weights_sha256``
 their digest), so that a TensorRT engine's key (the graph's sha256) holds them
-too. :func:`onnx_for_engine` exports an
-:class:`~engines.octo.engine.OctoEngine`'s model once and reuses it (cache
+too. :func:`onnx_for_octo` exports an
+:class:`~engines.octo.octo_model.OctoModel`'s model once and reuses it (cache
 keyed by the parameter digest and the files' digest); :class:`engines.octo.runners.OnnxOcto` runs the
 two graphs behind any pair of graph runners.
 
@@ -88,8 +88,8 @@ SAMPLER_INPUTS = ("readout", "init_noise", "step_noise")
 
 def backbone_feeds(cfg: OctoConfig, images: Sequence[Any], masks, lang, lang_mask=None,
                    goals=None) -> dict[str, np.ndarray]:
-    """Feeds of the backbone graph from ``OctoEngine.predict``'s arguments (``goals``: {camera: uint8 goal
-    image}, :func:`engines.octo.engine.goal_arrays`; a camera without one is fed zeros)."""
+    """Feeds of the backbone graph from ``OctoModel.predict``'s arguments (``goals``: {camera: uint8 goal
+    image}, :func:`engines.octo.octo_model.goal_arrays`; a camera without one is fed zeros)."""
     b = np.asarray(masks).shape[0]
     # a GPU frame (``__cuda_array_interface__``) stays on the device, for a runner that binds it by address
     feeds = {f"image_{c.name}": img if hasattr(img, "__cuda_array_interface__") else np.ascontiguousarray(img, np.uint8)
@@ -99,7 +99,7 @@ def backbone_feeds(cfg: OctoConfig, images: Sequence[Any], masks, lang, lang_mas
     feeds["masks"] = np.ascontiguousarray(masks, np.float32)
     feeds["lang_mask"] = (np.ones((b,), np.float32) if lang_mask is None
                           else np.ascontiguousarray(lang_mask, np.float32))
-    from engines.octo.engine import goal_arrays
+    from engines.octo.octo_model import goal_arrays
 
     given = goal_arrays(cfg, goals, b) or {}
     for c in cfg.cameras:
@@ -306,7 +306,7 @@ def matching_export(folder: Path, stem: str, digest: str, sealed: bool = False,
     return found
 
 
-def onnx_for_engine(engine, search: Sequence[Path] = (BUILD_DIR,), progress: bool = True) -> OctoOnnx:
+def onnx_for_octo(engine, search: Sequence[Path] = (BUILD_DIR,), progress: bool = True) -> OctoOnnx:
     """The ONNX graphs of an engine's model: from ``make engines``' folder or the cache when the weights
     match, else exported into the cache once (keyed by the parameter digest, sealed: :mod:`engines.cache`)."""
     import tempfile

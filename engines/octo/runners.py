@@ -57,7 +57,7 @@ def _pad_rows(x, pad: int):
 
 
 class JaxOcto(JaxRunner):
-    """An :class:`~engines.octo.engine.OctoEngine`'s jitted model as a runner (see the module docstring)."""
+    """An :class:`~engines.octo.octo_model.OctoModel`'s jitted model as a runner (see the module docstring)."""
 
     name = "jax"
 
@@ -88,7 +88,7 @@ class JaxOcto(JaxRunner):
 
 class OnnxOcto(Runner):
     """One Octo query through two graph runners (backbone, sampler), same feeds and output as
-    :class:`JaxOcto`. ``readout`` and ``predict`` take ``OctoEngine.predict``'s arguments (tests, benchmarks)."""
+    :class:`JaxOcto`. ``readout`` and ``predict`` take ``OctoModel.predict``'s arguments (tests, benchmarks)."""
 
     def __init__(self, cfg: OctoConfig, backbone: Runner, sampler: Runner, counter: CopyCounter | None = None):
         super().__init__()
@@ -117,7 +117,7 @@ class OnnxOcto(Runner):
         return as_host_view(x, self.copies, dtype=np.uint8)
 
     def readout(self, images: Sequence[Any], masks, lang, lang_mask=None, goals=None) -> np.ndarray:
-        """``goals``: None (zero goal images) or {camera: uint8 goal image}, as ``OctoEngine.predict``."""
+        """``goals``: None (zero goal images) or {camera: uint8 goal image}, as ``OctoModel.predict``."""
         from engines.octo.export import backbone_feeds
 
         if goals:
@@ -126,7 +126,7 @@ class OnnxOcto(Runner):
         return self.backbone.infer(feeds)["readout"]
 
     def predict(self, images: Sequence[Any], masks, lang, noise: tuple[Any, Any], goals=None) -> np.ndarray:
-        """``noise``: (init (B, flat), steps (diffusion_steps, B, flat)), as ``OctoEngine.predict`` takes it."""
+        """``noise``: (init (B, flat), steps (diffusion_steps, B, flat)), as ``OctoModel.predict`` takes it."""
         from engines.octo.export import sampler_feeds
 
         readout = self.readout(images, masks, lang, goals=goals)

@@ -60,17 +60,17 @@ def train_spiece(folder: str | Path, vocab_size: int = 64) -> Path:
     return folder / "spiece.model"
 
 
-def tiny_engine(seed: int = 1, diffusion_steps: int = 5):
-    """A random-weights :class:`~engines.octo.engine.OctoEngine` of the tiny config with fewer diffusion
+def tiny_octo(seed: int = 1, diffusion_steps: int = 5):
+    """A random-weights :class:`~engines.octo.octo_model.OctoModel` of the tiny config with fewer diffusion
     steps (the unrolled sampler is exported per step; 5 keep the export test fast, the structure is the same)."""
     from dataclasses import replace
 
-    from engines.octo.engine import OctoEngine, synthetic_statistics
+    from engines.octo.octo_model import OctoModel, synthetic_statistics
     from engines.octo.params import init_params
     from engines.octo.text import HashTokenizer
 
     cfg = replace(tiny_config(), diffusion_steps=diffusion_steps)
-    return OctoEngine(cfg, init_params(cfg, seed=seed), synthetic_statistics(cfg),
+    return OctoModel(cfg, init_params(cfg, seed=seed), synthetic_statistics(cfg),
                       identity=f"random-weights:tiny:seed{seed}", tokenizer=HashTokenizer(cfg.t5.vocab_size,
                                                                                            cfg.lang_tokens),
                       random_weights=True)

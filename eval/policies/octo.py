@@ -349,12 +349,12 @@ class OctoPolicy(Policy):
 
     def __init__(self, engine: Any, runner: Any, name: str | None = None, exec_horizon: int | None = None,
                  temporal_ensembling: bool = False, unnorm_key: str | None = None, goal: Any = None):
-        """``engine``: the :class:`~engines.octo.engine.OctoEngine` (config, T5, noise, statistics); ``runner``:
+        """``engine``: the :class:`~engines.octo.octo_model.OctoModel` (config, T5, noise, statistics); ``runner``:
         its model on one backend (:mod:`engines.octo.runners`), from the backend factory. ``goal``: None
         (language only), a (uint8 HxWx3 image, sha256) pair, or a callable ``(seed, instruction) -> image``
         called at every reset (:class:`SolvedGoal`); the image goes to the primary camera."""
         super().__init__()
-        from engines.octo.engine import UNNORM_KEY
+        from engines.octo.octo_model import UNNORM_KEY
 
         self.engine = engine
         self.runner = runner

@@ -351,7 +351,8 @@ class RemotePolicy(Policy):
         except ServerUnreachable:
             self.link.close()
             raise
-        self.backend = f"remote {protocol}" + (f" {meta['backend']}" if meta.get("backend") else "")
+        # the runtime the server runs the model on, as it says (None where it does not); the protocol is its own field
+        self.backend = meta.get("backend")
         self.weights_sha256 = meta.get("weights_sha256")
         self.note = meta.get("note")
         self.reads = meta.get("reads") or {}
@@ -487,7 +488,7 @@ class RemotePolicy(Policy):
         def rounded(times):
             return {k: [float(f"{x:.3g}") for x in v] for k, v in times.items()}
 
-        out = {"remote_ms": rounded(self.remote_latency())}
+        out = {"remote_ms": rounded(self.remote_latency()), "protocol": self.protocol}
         if any(w for _, _, w in self.remote_ms):
             out["remote_warmup_ms"] = rounded(self.remote_latency(warmup=True))
         return out

@@ -1,9 +1,9 @@
-"""OctoEngine: a loaded (or randomly initialised) Octo model, ready to answer queries on the JAX backend.
+"""OctoModel: a loaded (or randomly initialised) Octo model, ready to answer queries on the JAX backend.
 
-    engine = OctoEngine.load("octo-small")   # released weights (HF cache, Hub); or checkpoint=DIR, random_weights=True
-    lang = engine.embed("put the square block into the square hole")      # cached per (checkpoint, text)
-    actions = engine.predict(images, masks, lang[None], rng=key)            # (B, 4, 7), normalised
-    actions = engine.unnormalize(actions)                                   # dataset statistics, mask kept
+    octo = OctoModel.load("octo-small")   # released weights (HF cache, Hub); or checkpoint=DIR, random_weights=True
+    lang = octo.embed("put the square block into the square hole")      # cached per (checkpoint, text)
+    actions = octo.predict(images, masks, lang[None], rng=key)            # (B, 4, 7), normalised
+    actions = octo.unnormalize(actions)                                   # dataset statistics, mask kept
 
 ``predict`` takes the noise from outside as well (``noise=(init, steps)``),
 so that other backends can be compared on exactly the same draws, and
@@ -80,7 +80,7 @@ def goal_arrays(cfg: OctoConfig, goals, batch: int) -> dict[str, np.ndarray] | N
     return out or None
 
 
-class OctoEngine:
+class OctoModel:
     def __init__(self, cfg: OctoConfig, params: dict, dataset_statistics: dict, *, identity: str, tokenizer,
                  random_weights: bool, path: Path | None = None, embed_cache_dir: str | Path | None = None,
                  weights: "ckpt.OctoWeights | None" = None):
@@ -110,7 +110,7 @@ class OctoEngine:
     def load(cls, model: str, checkpoint: str | Path | None = None, random_weights: bool = False, seed: int = 0,
              step: int | None = None, embed_cache_dir: str | Path | None = None, spiece: str | Path | None = None,
              check_size: bool = True, revision: str | None = None,
-             weights: "ckpt.OctoWeights | None" = None) -> "OctoEngine":
+             weights: "ckpt.OctoWeights | None" = None) -> "OctoModel":
         """``model``: "octo-small" | "octo-base" (their released weights unless ``checkpoint`` names others: a
         folder or ``hf://ORG/NAME``), or "octo" (any checkpoint, its own architecture). ``weights``: the files
         :func:`~engines.octo.checkpoint.resolve_weights` resolved already (a run's parent does it once)."""
@@ -136,7 +136,7 @@ class OctoEngine:
                    weights=w)
 
     @classmethod
-    def from_checkpoint(cls, ck: "ckpt.Checkpoint", tokenizer, embed_cache_dir=None) -> "OctoEngine":
+    def from_checkpoint(cls, ck: "ckpt.Checkpoint", tokenizer, embed_cache_dir=None) -> "OctoModel":
         return cls(ck.config, ck.params, ck.dataset_statistics, identity=ck.identity, tokenizer=tokenizer,
                    random_weights=False, path=ck.path, embed_cache_dir=embed_cache_dir)
 
@@ -205,12 +205,12 @@ class OctoEngine:
         self.predict(images, masks, lang, rng=jax.random.PRNGKey(0))
 
 
-_ENGINES: dict[tuple, OctoEngine] = {}
+_ENGINES: dict[tuple, OctoModel] = {}
 
 
-def get_engine(model: str, checkpoint: str | Path | None = None, random_weights: bool = False,
-               **kwargs) -> OctoEngine:
-    """A process-wide engine per (model, checkpoint, random_weights, the rest: revision, resolved weights, ...);
+def load_octo(model: str, checkpoint: str | Path | None = None, random_weights: bool = False,
+               **kwargs) -> OctoModel:
+    """A process-wide loaded model per (model, checkpoint, random_weights, the rest: revision, resolved weights, ...);
     only the last one is kept."""
     where = None
     if checkpoint:
@@ -221,5 +221,5 @@ def get_engine(model: str, checkpoint: str | Path | None = None, random_weights:
     key = (model, where, bool(random_weights), tuple(sorted(kwargs.items())))
     if key not in _ENGINES:
         _ENGINES.clear()
-        _ENGINES[key] = OctoEngine.load(model, checkpoint=checkpoint, random_weights=random_weights, **kwargs)
+        _ENGINES[key] = OctoModel.load(model, checkpoint=checkpoint, random_weights=random_weights, **kwargs)
     return _ENGINES[key]
