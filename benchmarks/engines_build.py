@@ -47,8 +47,12 @@ def build_once(extra: Sequence[str], out: Path, cache: Path, queries: Path) -> d
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser(MODULE, __doc__.split("\n\n")[0])
     p.add_argument("--models", help="engines.build --models (default: all, as make engines; quick: bc-state)")
+    p.add_argument("--released-weights", action="store_true", help="build Octo from its released weights (the Hub "
+                   "or its cache); default: --random-weights, the same graphs and sizes, on machines without them")
     args = p.parse_args(argv)
     extra = ["--models", args.models or ("bc-state" if args.quick else "")] if (args.models or args.quick) else []
+    if not args.released_weights:
+        extra.append("--random-weights")
     mach = machine()
     with tempfile.TemporaryDirectory(prefix="sab-engines-build-") as tmp:
         tmp = Path(tmp)

@@ -202,9 +202,9 @@ def test_ort_has_no_bf16_kernels_here():
     assert reason is not None and "bfloat16" in reason and "\n" not in reason
 
 
-def test_model_runner_refuses_bad_precisions_and_a_missing_int8_graph_in_one_line(monkeypatch):
+def test_the_runtime_refuses_bad_precisions_and_bc_states_int8_in_one_line(monkeypatch):
     pytest.importorskip("torch")
-    from engines.backends import BackendSpec, BackendUnavailable, model_runner, resolve_runtime
+    from engines.backends import BackendUnavailable, resolve_runtime
     from engines.bc_mlp import DEFAULT_WEIGHTS
 
     if not DEFAULT_WEIGHTS.exists():
@@ -214,7 +214,7 @@ def test_model_runner_refuses_bad_precisions_and_a_missing_int8_graph_in_one_lin
     assert "\n" not in str(e.value)
     # bc-state's INT8 is refused (on every backend that runs here), with the measured reason
     with pytest.raises(BackendUnavailable, match="12/35 dev tries against 35/35") as e:
-        model_runner("bc-state", BackendSpec("ort", precision="int8"), weights=DEFAULT_WEIGHTS)
+        resolve_runtime("bc-state", "ort", "int8")
     assert "\n" not in str(e.value)
 
 

@@ -324,7 +324,7 @@ def test_page_from_synthetic_runs(tmp_path):
     shown = [s for s in sections if "octo_rand" in s]
     assert len(shown) >= 3 and all("latency only" in s for s in shown)
     lb = html[html.index('id="leaderboard"'):html.index('id="groups"')]
-    assert "What a ranked row needs" in lb and "--model octo-small --checkpoint" in lb and "openvla-7b" in lb
+    assert "What a ranked row needs" in lb and "--model octo-small --split test" in lb and "openvla-7b" in lb
     assert 'data-run="octo_rand"' not in lb and 'data-run="bc_part"' not in lb  # own sections, not the board
     # a heatmap cell: k/n with its Wilson range on hover
     m = re.search(r'<td class="c[^"]*" style="[^"]*" title="(3/4 [^"]*)"', html)
