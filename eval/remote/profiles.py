@@ -314,5 +314,15 @@ def markdown_table() -> str:
     return "\n".join(out) + "\n"
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m eval.remote.profiles",
+                            description="Print every remote profile's conventions and where each was read "
+                                        "(the Markdown table README's 'Remote policies' quotes).").parse_args(argv)
     sys.stdout.write(markdown_table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
