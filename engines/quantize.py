@@ -357,8 +357,9 @@ def ort_bf16_reason() -> str | None:
 # named here is refused at int8 on every backend, with the measured reason
 INT8_REFUSED = {
     "bc-state": "bc-state does not run at int8: its Q/DQ graph succeeded in 12/35 dev tries against 35/35 at fp32 "
-                "and was 3.5x slower at batch 1 (0.076 vs 0.022 ms p50; results/benchmarks/octo_precision.json), "
-                "a 0.3 MB MLP that int8 makes worse and slower: use fp32",
+                "and was 3.5x slower at batch 1 (0.076 vs 0.022 ms p50; Intel Xeon, 2026-12-02, in the git history "
+                "of results/benchmarks/octo_precision.json; its AMD EPYC re-run: 2.4x slower, actions up to 1.07 "
+                "off fp32), a 0.3 MB MLP that int8 makes worse and slower: use fp32",
 }
 
 

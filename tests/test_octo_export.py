@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -126,6 +128,25 @@ def test_export_is_cached_by_parameter_digest(exported, shared_cache, monkeypatc
         onnx_for_octo(other, search=())
 
 
+def test_the_parameter_digest_is_the_weights_not_the_order_of_their_dicts():
+    """`make engines` digests the tree it initialised or loaded (numpy, insertion order); a policy digests
+    the OctoModel's tree (through jax.tree_util: keys sorted). The same weights must give one digest, or the
+    policy never finds the graphs make engines built and exports its own (measured: random weights of
+    octo-small were 07f1be2c... in the build and 8f1dd18b... in the policy)."""
+    from engines.octo.testing import tiny_config
+
+    engine = tiny_octo(seed=1)
+    from dataclasses import replace
+
+    built = init_params(replace(tiny_config(), diffusion_steps=engine.cfg.diffusion_steps), seed=1, with_t5=False)
+    assert params_digest(built) == params_digest(engine.params)
+
+    def reversed_tree(tree):
+        return {k: reversed_tree(tree[k]) if isinstance(tree[k], dict) else tree[k] for k in reversed(list(tree))}
+
+    assert params_digest(reversed_tree(built)) == params_digest(built)
+
+
 def test_jax_runner_behind_the_same_interface(exported, ort_octo):
     engine, _ = exported
     cfg = engine.cfg
@@ -169,3 +190,73 @@ def test_engines_build_takes_graphs_exported_elsewhere_without_jax(exported, tmp
     (src / "octo_small_sampler.onnx").unlink()
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "no " in proc.stdout and "octo_small_sampler.onnx" in proc.stdout
+
+
+_EXPORT_ONCE = """
+import contextlib, hashlib, sys
+from pathlib import Path
+from engines.octo import export, jax2onnx_fast
+from engines.octo.testing import tiny_octo
+if sys.argv[2] == "jax2onnx":  # jax2onnx's own output check, unchanged
+    jax2onnx_fast.fast_output_check = contextlib.nullcontext
+m = tiny_octo(seed=3)
+o = export.export_octo(m.cfg, m.params, sys.argv[1], "t", random_weights=True)
+print(" ".join(hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in (o.backbone, o.sampler)))
+"""
+
+
+def test_the_fast_output_check_exports_the_same_bytes_as_jax2onnxs_own(tmp_path):
+    """engines.octo.jax2onnx_fast answers only where jax2onnx's scan would answer the same: the graphs of an
+    export with it and without it are the same bytes. Each export is the first of a fresh process (a second
+    export in one process traces other constants, so two of them differ whatever the check)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    digests = {}
+    for mode in ("fast", "jax2onnx"):
+        proc = subprocess.run([sys.executable, "-c", _EXPORT_ONCE, str(tmp_path / mode), mode], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        digests[mode] = proc.stdout.split()
+    assert digests["fast"] == digests["jax2onnx"]
+
+
+def test_the_fast_output_check_answers_most_checks_without_the_scan(tmp_path, monkeypatch):
+    """The check is in jax2onnx's hot path (one scan of the graph per equation output): with it, jax2onnx's
+    own scan runs for almost none of them; a jax2onnx release that moved or renamed it fails here."""
+    from jax2onnx.converter import output_binding
+
+    from engines.octo import export
+    from engines.octo.jax2onnx_fast import fast_output_check
+
+    calls = {"all": 0, "scan": 0}
+    scan = output_binding._value_is_graph_connected
+
+    def counted_scan(ctx, value):
+        calls["scan"] += 1
+        return scan(ctx, value)
+
+    monkeypatch.setattr(output_binding, "_value_is_graph_connected", counted_scan)
+    real_check = fast_output_check
+
+    @contextlib.contextmanager
+    def counted_check():
+        with real_check():
+            fast = output_binding._value_is_graph_connected
+
+            def counted_fast(ctx, value):
+                calls["all"] += 1
+                return fast(ctx, value)
+
+            output_binding._value_is_graph_connected = counted_fast
+            yield
+
+    import engines.octo.jax2onnx_fast as fast_module
+
+    monkeypatch.setattr(fast_module, "fast_output_check", counted_check)
+    m = tiny_octo(seed=4)
+    export.export_octo(m.cfg, m.params, tmp_path, "t", random_weights=True)
+    assert calls["all"] > 100, calls
+    assert calls["scan"] <= 0.05 * calls["all"], calls

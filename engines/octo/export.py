@@ -153,11 +153,13 @@ def sampler_fn(cfg: OctoConfig, params) -> Callable:
 
 # ------------------------------------------------------------------ export
 def params_digest(params) -> str:
-    """sha256 over the parameter tree (names, shapes, dtypes, values); the T5 encoder is left out."""
+    """sha256 over the parameter tree (names, shapes, dtypes, values); the T5 encoder is left out. Names are
+    taken in sorted order: the same weights hash alike whatever order their dicts were built in (a tree that
+    went through ``jax.tree_util`` comes back with its keys sorted)."""
     from engines.octo.params import flatten, without_t5
 
     h = hashlib.sha256()
-    for name, value in flatten(without_t5(params)):
+    for name, value in sorted(flatten(without_t5(params)), key=lambda item: item[0]):
         a = np.ascontiguousarray(np.asarray(value))
         h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
         h.update(a.tobytes())
@@ -195,11 +197,13 @@ def _export(fn: Callable, specs: list, input_names: list[str], output_names: lis
     onnx = require("onnx", "export")
     import jax
 
+    from engines.octo.jax2onnx_fast import fast_output_check
     from engines.onnx_utils import check_onnx_file
 
     _quiet_exporter()
-    model = jax2onnx.to_onnx(fn, specs, model_name=model_name, opset=opset, input_names=input_names,
-                             output_names=output_names)
+    with fast_output_check():  # the same graph, without jax2onnx's quadratic output scan
+        model = jax2onnx.to_onnx(fn, specs, model_name=model_name, opset=opset, input_names=input_names,
+                                 output_names=output_names)
     _prune_initializers(model)
     version = getattr(jax2onnx, "__version__", None)
     if version is None:

@@ -60,7 +60,7 @@ MS_DOMAIN = "com.microsoft"
 
 
 class _Graph:
-    """Producer / consumer maps and constant values of a graph (rebuilt after each pass)."""
+    """Producer / consumer maps and constant values of a graph (made for each pass, refreshed after each rewrite)."""
 
     def __init__(self, model) -> None:
         from onnx import numpy_helper
@@ -69,19 +69,24 @@ class _Graph:
         self.g = model.graph
         self.inits = {t.name: t for t in self.g.initializer}
         self._np = numpy_helper
-        self.producer = {o: n for n in self.g.node for o in n.output}
-        self.consumers: dict[str, list] = defaultdict(list)
-        for n in self.g.node:
-            for i in n.input:
-                self.consumers[i].append(n)
         self.outputs = {o.name for o in self.g.output}
         self.shapes = {}
         for v in list(self.g.value_info) + list(self.g.input) + list(self.g.output):
             t = v.type.tensor_type
             if t.HasField("shape"):
                 self.shapes[v.name] = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Producers, consumers and names again after a rewrite (value_info does not change within a pass, and
+        initializers are added through add_init, which keeps its map)."""
+        self.producer = {o: n for n in self.g.node for o in n.output}
+        self.consumers: dict[str, list] = defaultdict(list)
+        for n in self.g.node:
+            for i in n.input:
+                self.consumers[i].append(n)
         self._names = {n.name for n in self.g.node} | set(self.inits) | set(self.producer)
-        self._counter = 0
+        self._counter = 0  # fresh names count from 1 again, skipping the names in use
 
     def const(self, name: str):
         """The value of ``name`` if it is a constant (an initializer, or Sqrt/Cast/Reshape of one), else None."""
@@ -190,7 +195,8 @@ def _replace(gr: _Graph, anchor, new_nodes: list) -> None:
     """Put ``new_nodes`` where ``anchor`` is (its inputs come earlier, its consumers later) and drop it."""
     nodes = gr.g.node
     key = list(anchor.output)
-    idx = next(i for i, n in enumerate(nodes) if list(n.output) == key)
+    first = key[0]  # output names are unique: the first one finds the node, the whole list confirms it
+    idx = next(i for i, n in enumerate(nodes) if n.output and n.output[0] == first and list(n.output) == key)
     del nodes[idx]
     for k, n in enumerate(new_nodes):
         nodes.insert(idx + k, n)
@@ -286,7 +292,7 @@ def _gemm_bias(gr: _Graph) -> int:
             _replace(gr, reshape, [])
         _replace(gr, add, new)
         done += 1
-        gr.__init__(gr.model)
+        gr.refresh()
     return done
 
 
@@ -337,7 +343,7 @@ def _layer_norm(gr: _Graph) -> int:
                                axis=-1, epsilon=eps)
         _replace(gr, add_b, [new])
         done += 1
-        gr.__init__(gr.model)
+        gr.refresh()
     return done
 
 
@@ -443,7 +449,7 @@ def _gelu(gr: _Graph) -> int:
             new = helper.make_node("FastGelu", [x], list(out.output), name=gr.fresh("FastGelu"), domain=MS_DOMAIN)
             _replace(gr, out, [new])
             done += 1
-            gr.__init__(gr.model)
+            gr.refresh()
             break
     return done
 
@@ -530,7 +536,7 @@ def _attention(gr: _Graph) -> int:
                                domain=MS_DOMAIN, num_heads=n, scale=float(scale))
         _replace(gr, rs_out, [new])
         done += 1
-        gr.__init__(gr.model)
+        gr.refresh()
     return done
 
 
