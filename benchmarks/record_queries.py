@@ -12,7 +12,8 @@ content, the hash says so):
 - ``octo_small_dev_parity.npz``: tries PARITY_TRIES of the dev split (300 steps each, 75 queries a try at
   the default chunk of 4): the >= 200 queries every precision's parity is measured on.
 - ``octo_small_dev_calib.npz``: tries CALIB_TRIES of the dev split, other setups and tries than the parity
-  file's: the INT8 calibration set (:mod:`engines.quantize`).
+  file's, driven by the scripted reference with Octo's queries recorded (no model runs; as ``make engines``
+  records it): the INT8 calibration set (:mod:`engines.quantize`).
 
 - ``bc_state_dev_calib.npz``: the states bc-state (fp32, ONNX Runtime) reads on tries BC_CALIB_TRIES of
   the dev split (try 10 of each group's first setup; the success comparison of
@@ -36,7 +37,7 @@ import numpy as np
 from benchmarks.common import ROOT, BenchmarkError, parser, run_main
 from engines.calibration import (BC_CALIB_TRIES, CALIB_TRIES, MODEL, PARITY_TRIES, SPLIT,  # noqa: F401
                                  RecordingError, recording_inputs, save)
-from eval.calibration import record, record_bc_states
+from eval.calibration import record, record_bc_states, record_scripted
 from engines.quantize import QUERIES_DIR
 
 MODULE = "benchmarks.record_queries"
@@ -63,12 +64,17 @@ def main(argv=None) -> int:
             if kind == "bc-calib":
                 arrays = record_bc_states(tries, quick=args.quick, progress=not args.no_progress)
                 info = {"model": "bc-state", "backend": "ort", "precision": "fp32"}
+            elif kind == "calib":  # as make engines records it (engines.calibration.CALIB_DRIVER)
+                arrays = record_scripted(tries, quick=args.quick, progress=not args.no_progress)
+                info = {"model": "octo-tiny" if args.quick else MODEL, "driver": "scripted", "random_weights": True,
+                        "backend": "none"}
             else:
                 arrays = record(tries, quick=args.quick, progress=not args.no_progress)
                 info = {"model": "octo-tiny" if args.quick else MODEL, "random_weights": True, "backend": "jax"}
         except RecordingError as e:
             raise BenchmarkError(str(e)) from None
-        inputs = recording_inputs("bc-state" if kind == "bc-calib" else info["model"], tries, quick=args.quick)
+        inputs = recording_inputs("bc-state" if kind == "bc-calib" else info["model"], tries, quick=args.quick,
+                                  driver=info.get("driver", "model"))
         side = save(arrays, out / name, {**info, "split": SPLIT, "tries": [list(t) for t in tries],
                                          "command": command_line(args.quick) + (f" --only {kind}" if
                                                                                 kind == "bc-calib" else "")}, inputs)

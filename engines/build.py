@@ -147,15 +147,21 @@ EXPORTS = {"bc-state": _bc_state_onnx, "octo-small": _octo_onnx("octo-small"), "
 ORT_PRECISIONS = ("fp32", "int8", "bf16")
 
 
-def _calibration(model: str, timer: "StageTimer", folder: str | None, progress: bool = True):
+def _calibration(model: str, timer: "StageTimer", folder: str | None, jobs: dict, progress: bool = True):
     """The model's calibration set, recorded from dev tries only when the recording is missing or was made
-    from other inputs (engines.calibration: model, tries, task list, appearance, ...)."""
+    from other inputs (engines.calibration: model, tries, task list, appearance, ...). A recording started
+    before the exports (``jobs``, by its file: :func:`_start_recordings`) is waited for; the stage's time is
+    the wait, its note the recording's own time."""
     from engines import quantize
-    from engines.calibration import ensure_calibration
+    from engines.calibration import calibration_path, start_calibration
 
     with timer.stage(model, "calibration recording") as st:
-        path, recorded = ensure_calibration(model, Path(folder) if folder else None, progress=progress)
-        st.note = "recorded" if recorded else "cached"
+        where = calibration_path(model, Path(folder) if folder else None)
+        job = jobs.pop(where, None) or start_calibration(model, Path(folder) if folder else None, progress=progress)
+        path, recorded = job.wait()
+        took = f"{job.seconds:.1f} s" if job.seconds is not None else "time not recorded"
+        st.note = (f"recorded ({took}, beside the exports)" if recorded and job.t0 < st.t0 else
+                   f"recorded ({took})" if recorded else "cached")
     if model == "bc-state":
         return quantize.bc_calibration(path)
     from engines.octo.config import PRESETS
@@ -173,8 +179,8 @@ class StageTimer:
 
     @contextlib.contextmanager
     def stage(self, model: str, stage: str):
-        row = types.SimpleNamespace(note="")
         t0 = time.monotonic()
+        row = types.SimpleNamespace(note="", t0=t0)
         try:
             yield row
         finally:
@@ -185,8 +191,28 @@ class StageTimer:
         return {st: round(sum(r["s"] for r in self.rows if r["stage"] == st), 2) for st in self.STAGES}
 
 
+def _start_recordings(models: list[str], args, ort_precisions: list[str]) -> dict:
+    """The calibration recordings the INT8 graphs of ``models`` will need, started now in processes of their own
+    (the simulator, no model) so that they run while the exports do: {recording file: CalibrationJob}."""
+    from engines import quantize
+    from engines.calibration import start_calibration
+
+    if "int8" not in ort_precisions or args.onnx_from:
+        return {}
+    jobs = {}
+    for m in models:
+        if m in quantize.INT8_REFUSED:
+            continue
+        job = start_calibration(m, Path(args.queries_dir) if args.queries_dir else None, progress=True)
+        if job.recorded:
+            jobs[job.path] = job
+        if m in ("octo-small", "octo-base"):
+            break  # one recording serves both Octo models
+    return jobs
+
+
 def _int8(name: str, built: list[tuple[str, Path, str]], timer: StageTimer, queries: str | None,
-          onnx_from: str | None = None) -> tuple[str, Path]:
+          jobs: dict, onnx_from: str | None = None) -> tuple[str, Path]:
     """(artifact, path) of the INT8 Q/DQ graph of the model's quantized graph (Octo: the backbone). With
     ``onnx_from`` (no JAX here to record calibration queries) Octo's INT8 graph must come with the fp32 ones."""
     from engines import quantize
@@ -209,7 +235,7 @@ def _int8(name: str, built: list[tuple[str, Path, str]], timer: StageTimer, quer
                 raise ValueError(f"{q} is not the INT8 graph of {path.name}'s weights (or of another export or "
                                  "quantization pass); build both again where they were exported")
             return artifact, q
-    calibration = _calibration(name, timer, queries)
+    calibration = _calibration(name, timer, queries, jobs)
     with timer.stage(name, "quantise") as st:
         fresh = not quantize.int8_matches(quantize.int8_name(path), digest, calibration.sha256, source=path)
         st.note = "built" if fresh else "cached"
@@ -262,7 +288,7 @@ def main(argv=None) -> int:
         print("error: --random-weights excludes --checkpoint-octo-small/--checkpoint-octo-base", file=sys.stderr)
         return 2
     args.octo_weights = {}
-    rows = []
+    weights_rows = []
     if octo and not args.random_weights and not args.onnx_from:
         from engines.hub import HubError
         from engines.octo.errors import OctoError
@@ -273,65 +299,77 @@ def main(argv=None) -> int:
         except (HubError, OctoError, MissingDependencyError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        rows += [(m, "weights", "resolved", f.where + (f" in {f.folder}" if f.repo else ""))
-                 for m, f in args.octo_weights.items()]
+        weights_rows += [(m, "weights", "resolved", f.where + (f" in {f.folder}" if f.repo else ""))
+                         for m, f in args.octo_weights.items()]
     elif octo and args.random_weights:
-        rows += [(m, "weights", "random", f"seed {args.seed}") for m in octo]
+        weights_rows += [(m, "weights", "random", f"seed {args.seed}") for m in octo]
     random_models = set(octo) if args.random_weights else set()  # every row of theirs says so
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     timer = StageTimer()
     t_build = time.monotonic()
     reason = trt.unavailable_reason()
-    for name in models:
-        try:
-            with timer.stage(name, "export"):
-                built = EXPORTS[name](out, args)
-            if name in ("octo-small", "octo-base"):  # the load-time rewrite ONNX Runtime runs, made now, cached
-                from engines.octo.optimize import ort_optimized
-
-                with timer.stage(name, "optimise"):
-                    for _, path, _ in built:
-                        ort_optimized(path)
-        except Skipped as e:
-            rows.append((name, "onnx", "skipped", str(e)))
-            continue
-        except Exception as e:  # noqa: BLE001 - reported in the table, the run goes on
-            rows.append((name, "onnx", "failed", (str(e).strip().splitlines() or [type(e).__name__])[0]))
-            continue
-        if any(RANDOM_WEIGHTS_LABEL in note for *_, note in built):
-            random_models.add(name)
-        for artifact, path, note in built:
-            rows.append((name, artifact, "built", f"{path}{note}"))
-        if "int8" in ort_precisions and name in quantize.INT8_REFUSED:
-            rows.append((name, "onnx int8", "skipped", quantize.INT8_REFUSED[name]))
-        elif "int8" in ort_precisions:
+    # the calibration recording runs beside the exports (its own process: the simulator, no model), and every
+    # model is exported before anything is quantized, so that the recording is done when its graphs need it
+    jobs = _start_recordings(models, args, ort_precisions)
+    by_model: dict[str, list] = {name: [] for name in models}  # the table's rows, model by model
+    exported: dict[str, list] = {}
+    try:
+        for name in models:
             try:
-                artifact, path = _int8(name, built, timer, args.queries_dir,
-                                       args.onnx_from if name in ("octo-small", "octo-base") else None)
-                rows.append((name, artifact, "built", str(path)))
-            except Skipped as e:
-                rows.append((name, "onnx int8", "skipped", str(e)))
-            except Exception as e:  # noqa: BLE001
-                rows.append((name, "onnx int8", "failed", (str(e).strip().splitlines() or [type(e).__name__])[0]))
-        if "bf16" in ort_precisions:
-            from engines.quantize import ort_bf16_reason
+                with timer.stage(name, "export"):
+                    built = EXPORTS[name](out, args)
+                if name in ("octo-small", "octo-base"):  # the load-time rewrite ONNX Runtime runs, made now, cached
+                    from engines.octo.optimize import ort_optimized
 
-            rows.append((name, "onnx bf16", "skipped", ort_bf16_reason() or "this project builds no bf16 graph"))
-        for artifact, path, _ in built:
-            part = artifact.removeprefix("onnx").strip()
-            for precision in precisions:
-                label = f"tensorrt {precision}" + (f" {part}" if part else "")
-                if reason:
-                    rows.append((name, label, "skipped", reason))
-                    continue
+                    with timer.stage(name, "optimise"):
+                        for _, path, _ in built:
+                            ort_optimized(path)
+            except Skipped as e:
+                by_model[name].append((name, "onnx", "skipped", str(e)))
+                continue
+            except Exception as e:  # noqa: BLE001 - reported in the table, the run goes on
+                by_model[name].append((name, "onnx", "failed", (str(e).strip().splitlines() or [type(e).__name__])[0]))
+                continue
+            if any(RANDOM_WEIGHTS_LABEL in note for *_, note in built):
+                random_models.add(name)
+            by_model[name] += [(name, artifact, "built", f"{path}{note}") for artifact, path, note in built]
+            exported[name] = built
+        for name, built in exported.items():
+            rows = by_model[name]
+            if "int8" in ort_precisions and name in quantize.INT8_REFUSED:
+                rows.append((name, "onnx int8", "skipped", quantize.INT8_REFUSED[name]))
+            elif "int8" in ort_precisions:
                 try:
-                    with timer.stage(name, "tensorrt"):
-                        engine = trt.build_engine(path, out, path.stem, precision, args.batch_max,
-                                                  timing_cache=out / "timing.cache")
-                    rows.append((name, label, "built", str(engine)))
+                    artifact, path = _int8(name, built, timer, args.queries_dir, jobs,
+                                           args.onnx_from if name in ("octo-small", "octo-base") else None)
+                    rows.append((name, artifact, "built", str(path)))
+                except Skipped as e:
+                    rows.append((name, "onnx int8", "skipped", str(e)))
                 except Exception as e:  # noqa: BLE001
-                    rows.append((name, label, "failed", (str(e).strip().splitlines() or [type(e).__name__])[0]))
+                    rows.append((name, "onnx int8", "failed", (str(e).strip().splitlines() or [type(e).__name__])[0]))
+            if "bf16" in ort_precisions:
+                from engines.quantize import ort_bf16_reason
+
+                rows.append((name, "onnx bf16", "skipped", ort_bf16_reason() or "this project builds no bf16 graph"))
+            for artifact, path, _ in built:
+                part = artifact.removeprefix("onnx").strip()
+                for precision in precisions:
+                    label = f"tensorrt {precision}" + (f" {part}" if part else "")
+                    if reason:
+                        rows.append((name, label, "skipped", reason))
+                        continue
+                    try:
+                        with timer.stage(name, "tensorrt"):
+                            engine = trt.build_engine(path, out, path.stem, precision, args.batch_max,
+                                                      timing_cache=out / "timing.cache")
+                        rows.append((name, label, "built", str(engine)))
+                    except Exception as e:  # noqa: BLE001
+                        rows.append((name, label, "failed", (str(e).strip().splitlines() or [type(e).__name__])[0]))
+    finally:  # a build that failed or was interrupted leaves no recording running
+        for job in jobs.values():
+            job.cancel()
+    rows = weights_rows + [r for name in models for r in by_model[name]]
     width = [max(len(r[i]) for r in rows + [("model", "artifact", "status", "where / why")]) for i in range(3)]
     print(f"{'model':<{width[0]}}  {'artifact':<{width[1]}}  {'status':<{width[2]}}  where / why")
     for r in rows:

@@ -28,6 +28,15 @@ MODEL = "octo-small"
 PARITY_TRIES = (("A01", 0), ("C01", 0), ("E01", 0))
 CALIB_TRIES = (("B01", 1), ("D01", 1))
 BC_CALIB_TRIES = tuple((f"{g}01", 10) for g in "ABCDEFG")
+# who drives the calibration tries: bc-state its own states; Octo's queries are recorded on tries the scripted
+# reference drives (eval.calibration.record_scripted), whose frames grasp, carry and insert whatever Octo's weights
+# are, with no model run (random-weight Octo driving cost 33 s of JAX inference and only flailed)
+CALIB_DRIVER = {"bc-state": "model", MODEL: "scripted"}
+# Octo's calibration keeps every CALIB_EVERY-th query of a try (queries are 4 control steps apart, so 8 here):
+# each backbone pass of the calibration costs 0.25 s (octo-small) to 0.7 s (octo-base), and on octo-small's
+# held-out queries the INT8 readout error was the same with 15, 30 or all 59 queries of these tries (max rel
+# 0.057-0.064, mean abs 0.032-0.033; README, "Precisions")
+CALIB_EVERY = 2
 QUICK_STEPS = 12  # a --quick recording's tries are cut to this many steps
 
 
@@ -35,8 +44,10 @@ class RecordingError(RuntimeError):
     """A recording that could not be made (one line)."""
 
 
-def recording_inputs(model: str, tries, quick: bool = False) -> dict[str, Any]:
-    """What a recording of ``model``'s queries on ``tries`` is made from; its hash names the recording."""
+def recording_inputs(model: str, tries, quick: bool = False, driver: str = "model") -> dict[str, Any]:
+    """What a recording of ``model``'s queries on ``tries`` is made from; its hash names the recording.
+    ``driver``: who moved the arm, "model" (the model itself: Octo's parity queries, bc-state's states) or
+    "scripted" (the scripted reference, while Octo's queries were recorded: the INT8 calibration set)."""
     from env.appearance import APPEARANCE_VERSION
     from env.predicate import SUCCESS_PREDICATE_VERSION
     from env.tasklist import load
@@ -49,8 +60,13 @@ def recording_inputs(model: str, tries, quick: bool = False) -> dict[str, Any]:
         from engines.onnx_utils import sha256_file
 
         inputs["weights_sha256"] = sha256_file(DEFAULT_WEIGHTS)  # its actions decide the states it reaches
-    else:  # frames: the appearance they were rendered with; actions: the seeded random weights
+    else:  # frames: the appearance they were rendered with; instruction embedding (and, driven by the model, its
+        # actions): the seeded random weights
         inputs.update(appearance=APPEARANCE_VERSION, weights="octo-tiny seed 1" if quick else "random seed 0")
+    if driver != "model":
+        inputs["driver"] = driver
+    if driver == "scripted":
+        inputs["every"] = CALIB_EVERY
     return inputs
 
 
@@ -84,34 +100,86 @@ def recorded_inputs_sha256(path: Path) -> str | None:
         return None
 
 
+def calibration_path(model: str, folder: Path | None = None) -> Path:
+    """Where ``make engines`` keeps ``model``'s calibration recording (default ``build/octo_queries/``)."""
+    from engines import quantize
+
+    path = quantize.BC_CALIB if model == "bc-state" else quantize.OCTO_CALIB
+    return Path(folder) / path.name if folder is not None else path
+
+
+def _recording_model(model: str) -> str:
+    return "bc-state" if model == "bc-state" else MODEL
+
+
 def ensure_calibration(model: str, folder: Path | None = None, progress: bool = True) -> tuple[Path, bool]:
     """The calibration recording ``make engines`` quantizes ``model`` with (in ``folder``, default
     ``build/octo_queries/``), and whether it was recorded now: the simulator runs only when the file is
     missing or was recorded from other inputs."""
-    from engines import quantize
+    return start_calibration(model, folder, progress).wait()
 
-    path = quantize.BC_CALIB if model == "bc-state" else quantize.OCTO_CALIB
-    path = Path(folder) / path.name if folder is not None else path
+
+def start_calibration(model: str, folder: Path | None = None, progress: bool = True) -> "CalibrationJob":
+    """:func:`ensure_calibration` started: the recording (when one is needed) runs in its own process while the
+    caller goes on (``make engines`` exports meanwhile); :meth:`CalibrationJob.wait` for the file."""
+    path = calibration_path(model, folder)
     tries = BC_CALIB_TRIES if model == "bc-state" else CALIB_TRIES
-    inputs = recording_inputs("bc-state" if model == "bc-state" else MODEL, tries)
+    inputs = recording_inputs(_recording_model(model), tries, driver=CALIB_DRIVER[_recording_model(model)])
     if recorded_inputs_sha256(path) == inputs_sha256(inputs):
-        return path, False
-    record_calibration(model, path, progress)
-    return path, True
+        return CalibrationJob(path, None, [])
+    return record_calibration(model, path, progress)
 
 
-def record_calibration(model: str, path: Path, progress: bool = True) -> None:
-    """Record ``model``'s calibration queries into ``path`` (and its sidecar). The recording runs benchmark tries
-    (the simulator and the model's policy: the eval layer, above this one), so it runs as that layer's command,
-    :mod:`eval.calibration`, in a process of its own; its failure is one line."""
+class CalibrationJob:
+    """A calibration recording: already there (no process), or being recorded by ``python -m eval.calibration``."""
+
+    def __init__(self, path: Path, proc, cmd: list[str]) -> None:
+        self.path, self.proc, self.cmd = path, proc, cmd
+        self.t0 = time.monotonic()
+
+    @property
+    def seconds(self) -> float | None:
+        """How long the recording took, as its sidecar says (None: not recorded, or not said)."""
+        try:
+            return json.loads(self.path.with_suffix(".json").read_text()).get("recording_s")
+        except (OSError, ValueError):
+            return None
+
+    @property
+    def recorded(self) -> bool:
+        return self.proc is not None
+
+    def wait(self) -> tuple[Path, bool]:
+        """(path, recorded now); a failed recording is one line (RecordingError)."""
+        if self.proc is None:
+            return self.path, False
+        _, err = self.proc.communicate()
+        if self.proc.returncode != 0:
+            lines = (err or "").splitlines()
+            why = next((ln.removeprefix("error: ") for ln in reversed(lines) if ln.startswith("error:")),
+                       lines[-1] if lines else f"exit code {self.proc.returncode}")
+            raise RecordingError(f"recording {self.path.name} failed ({' '.join(self.cmd[1:])}): {why}")
+        return self.path, True
+
+    def cancel(self) -> None:
+        """Stop a recording still running (the caller failed or was interrupted); its file is not written."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: it did not stop
+                self.proc.kill()
+
+
+def record_calibration(model: str, path: Path, progress: bool = True) -> CalibrationJob:
+    """Start recording ``model``'s calibration queries into ``path`` (and its sidecar). The recording runs
+    benchmark tries (the simulator and the driving policy: the eval layer, above this one), so it runs as that
+    layer's command, :mod:`eval.calibration`, in a process of its own; :meth:`CalibrationJob.wait` for it (its
+    failure is one line)."""
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "eval.calibration", "--model", "bc-state" if model == "bc-state" else MODEL,
-           "--out", str(path)] + ([] if progress else ["--no-progress"])
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=None if progress else subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        lines = (proc.stderr or "").splitlines()
-        why = next((ln.removeprefix("error: ") for ln in reversed(lines) if ln.startswith("error:")),
-                   lines[-1] if lines else f"exit code {proc.returncode}")
-        raise RecordingError(f"recording {path.name} failed ({' '.join(cmd[1:])}): {why}")
+    cmd = [sys.executable, "-m", "eval.calibration", "--model", _recording_model(model), "--out", str(path)] \
+        + ([] if progress else ["--no-progress"])
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=None if progress else subprocess.PIPE, text=True)
+    return CalibrationJob(path, proc, cmd)

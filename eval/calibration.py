@@ -4,10 +4,15 @@
     python -m eval.calibration --model octo-small --out build/octo_queries/octo_small_dev_calib.npz
     python -m eval.calibration --model bc-state --out build/octo_queries/bc_state_dev_calib.npz
 
-octo-small runs with seeded random weights (the weights every machine has), JAX on the CPU, through the one
-rollout loop (:func:`eval.rollout.run_try`) with the locked dev task list, so the images are the frames a
-benchmark try renders; the policy's warm-up query (blank images, run once before its first try) is made
-before recording starts, so every recorded query is a real one.
+The Octo calibration set (``--model octo-small``) is recorded on tries the scripted reference drives
+(:func:`record_scripted`): Octo's own policy (preprocessing, history window, query steps, the instruction
+embedding of octo-small's T5 with seeded random weights) builds the feeds of every query it would make on the
+frames of a try that grasps, carries and inserts, and no model runs. Octo's parity queries
+(:func:`record`, :mod:`benchmarks.record_queries`) are its own tries: octo-small with seeded random weights,
+JAX on the CPU, its fp32 actions kept. Both go through the one rollout loop (:func:`eval.rollout.run_try`)
+with the locked dev task list, so the images are the frames a benchmark try renders; the policy's warm-up
+query (blank images, run once before its first try) is made before recording starts, so every recorded
+query is a real one.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from engines.calibration import (BC_CALIB_TRIES, CALIB_TRIES, MODEL, QUICK_STEPS, SPLIT,  # noqa: F401
-                                 RecordingError, recording_inputs, save)
+from eval.policies.base import Policy
+from engines.calibration import (BC_CALIB_TRIES, CALIB_DRIVER, CALIB_EVERY, CALIB_TRIES, MODEL,  # noqa: F401
+                                 QUICK_STEPS, SPLIT, RecordingError, recording_inputs, save)
 
 
 class _Recording:
@@ -82,6 +88,105 @@ def record(tries, quick: bool = False, progress: bool = True) -> dict[str, np.nd
     return {k: np.concatenate([r[k] for r in rec.rows]) for k in keys}
 
 
+class _QueryKeeper:
+    """Octo's runner while the scripted reference drives: keeps every query's feeds (copies) and answers with a
+    zero chunk, which the recording policy never applies; no model runs."""
+
+    name = "none (feeds recorded)"
+
+    def __init__(self, cfg, every: int = 1) -> None:
+        self.cfg, self.every = cfg, every
+        self.rows: list[dict[str, np.ndarray]] = []
+        self.meta: dict[str, Any] = {}
+        self.seen = 0  # queries of this try
+
+    def batch_sizes(self, n: int) -> list[int]:
+        return [n]
+
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        b = int(feeds["masks"].shape[0])
+        if self.meta.get("on") and self.seen % self.every == 0:
+            row = {k: np.array(v, copy=True) for k, v in feeds.items()}
+            row["setup"] = np.array([self.meta["setup"]] * b)
+            row["try_index"] = np.array([self.meta["try"]] * b, np.int32)
+            self.rows.append(row)
+        self.seen += bool(self.meta.get("on"))
+        return {"actions": np.zeros((b, self.cfg.action_horizon, self.cfg.action_dim), np.float32)}
+
+
+class OctoQueriesOfScriptedTries(Policy):
+    """The scripted reference drives the arm on the exact state; Octo's own policy (the same preprocessing,
+    history window, query steps and instruction embedding as in a benchmark try) reads the frames it would
+    read and makes the queries it would make, whose feeds its runner (:class:`_QueryKeeper`) keeps. The
+    frames are those of a try that grasps, carries and inserts, whatever Octo's weights; no model runs, so a
+    recording costs the simulator and the renders only."""
+
+    name = "scripted (Octo's queries recorded)"
+    track = "reference"
+    observes = "state+cameras"
+
+    def __init__(self, octo, driver) -> None:
+        super().__init__()
+        self.octo, self.driver = octo, driver
+
+    def reset(self, instruction: str, seed: int | None = None) -> None:
+        self.octo.reset(instruction, seed=seed)
+        self.driver.reset(instruction, seed=seed)
+
+    def set_start(self, start) -> None:
+        self.octo.set_start(start)
+        self.driver.set_start(start)
+
+    def reads_observation(self, step: int) -> bool:
+        return self.octo.reads_observation(step) or self.driver.reads_observation(step)
+
+    def act(self, observation: Mapping[str, Any]) -> np.ndarray:
+        self.octo.act(observation)  # Octo's query bookkeeping: its feeds are kept on its query steps
+        return self.driver.act(observation)
+
+
+def record_scripted(tries, quick: bool = False, progress: bool = True) -> dict[str, np.ndarray]:
+    """Octo's queries (images, masks, instruction embedding, noise) on ``tries`` ((setup, try index) of the dev
+    split) driven by the scripted reference (:class:`OctoQueriesOfScriptedTries`), every ``CALIB_EVERY``-th of
+    a try's (its first included), batch-stacked: the INT8 calibration set. The instruction embedding is
+    octo-small's T5 with seeded random weights (quick: the tiny test model's)."""
+    from env.setups import get_setup
+    from env.tasklist import load
+    from eval.policies.octo import OctoPolicy
+    from eval.request import make_policy
+    from eval.rollout import Scenes, run_try
+
+    if quick:
+        from engines.octo.testing import tiny_octo
+
+        engine = tiny_octo(seed=1)
+    else:
+        from engines.octo.octo_model import load_octo
+
+        engine = load_octo(MODEL, random_weights=True)
+    keeper = _QueryKeeper(engine.cfg, every=CALIB_EVERY)
+    tasklist = load(SPLIT)
+    for setup_id, t in tries:
+        t0 = time.monotonic()
+        setup = get_setup(setup_id)
+        policy = OctoQueriesOfScriptedTries(OctoPolicy(engine, keeper), make_policy("scripted", setup=setup))
+        policy.octo.reset("warm-up", seed=0)  # its warm-up query (blank images) before anything is kept
+        scenes = Scenes(setup, 1, sim="cpu", cameras=True, max_steps=QUICK_STEPS if quick else None)
+        try:
+            keeper.meta, keeper.seen = {"on": True, "setup": setup_id, "try": t}, 0
+            run_try(scenes, policy, SPLIT, t, tasklist)
+        finally:
+            keeper.meta = {}
+            scenes.close()
+        if progress:
+            print(f"  {setup_id} try {t}: {sum(1 for r in keeper.rows if r['setup'][0] == setup_id)} queries in "
+                  f"{time.monotonic() - t0:.0f} s", flush=True)
+    if not keeper.rows:
+        raise RecordingError("the tries made no Octo query")
+    keys = keeper.rows[0].keys()
+    return {k: np.concatenate([r[k] for r in keeper.rows]) for k in keys}
+
+
 def record_bc_states(tries, quick: bool = False, progress: bool = True) -> dict[str, np.ndarray]:
     """The states bc-state (fp32 on ONNX Runtime) reads on ``tries`` of the dev split, stacked."""
     from env.setups import get_setup
@@ -123,17 +228,19 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     path = Path(args.out)
     tries = BC_CALIB_TRIES if args.model == "bc-state" else CALIB_TRIES
+    t0 = time.monotonic()
     try:
         if args.model == "bc-state":
             arrays = record_bc_states(tries, progress=not args.no_progress)
             info = {"model": "bc-state", "backend": "ort", "precision": "fp32"}
         else:
-            arrays = record(tries, progress=not args.no_progress)
-            info = {"model": MODEL, "random_weights": True, "backend": "jax"}
+            arrays = record_scripted(tries, progress=not args.no_progress)
+            info = {"model": MODEL, "driver": "scripted", "random_weights": True, "backend": "none"}
         save(arrays, path, {**info, "split": SPLIT, "tries": [list(t) for t in tries],
+                            "recording_s": round(time.monotonic() - t0, 1),
                             "command": quantize.RECORD_COMMAND.get(path.name, f"python -m eval.calibration --model "
                                                                   f"{args.model} --out {path}")},
-             recording_inputs(args.model, tries))
+             recording_inputs(args.model, tries, driver=CALIB_DRIVER[args.model]))
     except (RecordingError, ValueError, OSError, ImportError) as e:
         print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2

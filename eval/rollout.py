@@ -141,7 +141,10 @@ class Scenes:
     def observations(self, idx: Sequence[int], observes: str = "state") -> list[dict[str, Any]]:
         """What the policies of scenes ``idx`` observe (``observes``): the exact state, or the camera frames
         (numpy views of the rendered images, None where the step was not rendered), proprioception and the
-        instruction."""
+        instruction, or both ("state+cameras": a state policy driving the arm while a camera model's queries
+        are recorded, :mod:`eval.calibration`)."""
+        if observes == "state+cameras":
+            return [{**c, **s} for c, s in zip(self.observations(idx, "cameras"), self.observations(idx, "state"))]
         if observes == "state":
             if self.sim == "gpu":
                 batch = self.envs[0].unwrapped.task_state()  # one read-out for the whole simulation

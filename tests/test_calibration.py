@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,8 @@ def _fake_recorder(calls):
         arrays = {"state": np.arange(80, dtype=np.float32).reshape(2, 40), "setup": np.array(["A01", "A01"]),
                   "try_index": np.array([10, 10], np.int32)}
         calibration.save(arrays, path, {"model": model}, calibration.recording_inputs(model, tries))
+        done = subprocess.Popen([sys.executable, "-c", ""])  # a recording process that ended well
+        return calibration.CalibrationJob(path, done, [sys.executable, "-c", ""])
     return record_calibration
 
 
@@ -82,3 +86,29 @@ def test_engines_import_no_benchmark():
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n == "benchmarks" or n.startswith("benchmarks.") for n in names), path
+
+
+@pytest.mark.sim
+def test_the_octo_calibration_is_recorded_on_scripted_tries_at_octos_query_steps_without_a_model(monkeypatch):
+    """eval.calibration.record_scripted: the scripted reference drives, Octo's own policy makes its queries (every
+    CALIB_EVERY-th kept, the first included) and no model runs; the frames are the scene's."""
+    pytest.importorskip("jax")
+    from eval import calibration as recording
+    from eval.policies.octo import OctoPolicy
+
+    calls = []
+    real_act = OctoPolicy.act
+    monkeypatch.setattr(OctoPolicy, "act", lambda self, o: calls.append(self.runner.name) or real_act(self, o))
+    arrays = recording.record_scripted((("B01", 3),), quick=True, progress=False)
+    # 12 steps at Octo's chunk of 4: queries on steps 0, 4 and 8, of which every CALIB_EVERY-th is kept
+    queries = -(-calibration.QUICK_STEPS // 4)
+    assert len(arrays["masks"]) == -(-queries // calibration.CALIB_EVERY)
+    assert set(calls) == {recording._QueryKeeper.name} and len(calls) == calibration.QUICK_STEPS
+    assert arrays["masks"][0, 0, 0] == 0 and arrays["masks"][0, 1, 0] == 1  # the first query: its copy is padding
+    for key in ("image_primary", "image_wrist"):
+        assert arrays[key].dtype == np.uint8 and arrays[key].std() > 5  # rendered frames, not blanks
+    assert list(arrays["setup"]) == ["B01"] * len(arrays["masks"]) and set(arrays["try_index"]) == {3}
+    inputs = calibration.recording_inputs("octo-small", calibration.CALIB_TRIES, driver="scripted")
+    assert inputs["driver"] == "scripted" and inputs["every"] == calibration.CALIB_EVERY
+    assert calibration.inputs_sha256(inputs) != calibration.inputs_sha256(
+        calibration.recording_inputs("octo-small", calibration.CALIB_TRIES))
