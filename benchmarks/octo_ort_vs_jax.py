@@ -373,6 +373,11 @@ def run(cfg: BenchConfig, variants: list[OrtVariant] | None = None) -> dict:
                                                          best["intra_op_threads"],
                                                          session_config=best["session_config"])
         results["ort"]["backbone_ops"] = results["ort"]["backbone_profile"]["by_op"]
+        int8 = [r for r in rows if r["variant"] == "int8"]
+        if int8:  # where the INT8 graph's time goes: what keeps it from half of fp32's (octo_precision's target)
+            results["ort"]["int8_backbone_profile"] = profile_ops(
+                Path(int8[0]["graphs"]["backbone"]), bfeeds, int8[0]["intra_op_threads"],
+                session_config=int8[0]["session_config"])
         exported = [r for r in rows if not r["rewrite"]]
         if exported:
             results["ort"]["backbone_profile_as_exported"] = profile_ops(

@@ -186,8 +186,37 @@ def bc_parity(progress: bool, quick: bool) -> dict:
             "calibration_sha256": meta.get("calibration_sha256"), "precisions": _round(out)}
 
 
-def bc_successes(quick: bool) -> dict:
-    """bc-state's dev-split tries per precision through eval.run (subprocesses, one after another)."""
+def refused_graph_successes(graph: Path, setups: str, tries: int) -> dict:
+    """bc-state's dev-split tries with ``graph``, a precision ``eval.run`` refuses for it (INT8_REFUSED): the same
+    tries through the one rollout loop with the policy on that graph, so that the refusal's evidence can be
+    measured again (``eval.run`` itself never runs it)."""
+    from env.setups import get_setup
+    from env.tasklist import load
+    from engines.runners import OnnxRuntimeRunner, cpu_count
+    from eval.policies.bc_state import BCStatePolicy
+    from eval.rollout import Scenes, run_try
+
+    policy = BCStatePolicy(OnnxRuntimeRunner(graph, "cpu", intra_op_threads=cpu_count()).activate())
+    tasklist, per_setup, t0 = load("dev"), {}, time.monotonic()
+    for sid in setups.split(","):
+        k = 0
+        for t in range(tries):
+            scenes = Scenes(get_setup(sid), 1, sim="cpu", cameras=False)
+            try:
+                k += bool(run_try(scenes, policy, "dev", t, tasklist).success)
+            finally:
+                scenes.close()
+        per_setup[sid] = f"{k}/{tries}"
+    k = sum(int(v.split("/")[0]) for v in per_setup.values())
+    return {"graph": str(graph.relative_to(ROOT)) if graph.is_relative_to(ROOT) else str(graph),
+            "how": "eval.rollout.run_try with BCStatePolicy on the graph (eval.run refuses this precision)",
+            "k": k, "n": tries * len(per_setup), "per_setup": per_setup, "wall_s": round(time.monotonic() - t0, 1)}
+
+
+def bc_successes(quick: bool, int8_graph: Path | None = None) -> dict:
+    """bc-state's dev-split tries per precision through eval.run (subprocesses, one after another); a refused
+    precision with a graph given (``int8_graph``: the one the decision is measured on) is also run on that
+    graph (:func:`refused_graph_successes`)."""
     setups, tries = ("A01", 1) if quick else (BC_SETUPS, BC_TRIES)
     out = {}
     for p in ("fp32", "int8", "bf16"):
@@ -206,6 +235,8 @@ def bc_successes(quick: bool) -> dict:
             n = sum(v["n"] for v in summary["setups"].values())
             row.update({"k": k, "n": n, "per_setup": {s: f"{v['k']}/{v['n']}" for s, v in summary["setups"].items()
                                                       if v["n"]}})
+        if p == "int8" and proc.returncode != 0 and int8_graph is not None:
+            row["graph_tries"] = refused_graph_successes(int8_graph, setups, tries)
         out[p] = row
     return out
 
@@ -267,7 +298,8 @@ def main(argv=None) -> int:
             **octo}
     if not args.skip_bc:
         results["bc_state"] = bc_parity(progress, args.quick)
-        results["bc_state"]["dev_successes"] = bc_successes(args.quick)
+        results["bc_state"]["dev_successes"] = bc_successes(args.quick, ROOT / results["bc_state"]["precisions"]
+                                                            ["int8"]["graph"])
     write_result(NAME, args.out_dir, MODULE, argv, args.quick, results, mach)
     rows = []
     for p_, v in results.get("octo", {}).get("precisions", {}).items():
@@ -278,6 +310,7 @@ def main(argv=None) -> int:
             rows.append(("octo", p_, None, None, None, None, None, v.get("reason")))
     for p_, v in results.get("bc_state", {}).get("precisions", {}).items():
         s = results["bc_state"]["dev_successes"].get(p_, {})
+        s = s.get("graph_tries", s)  # a refused precision: the tries run on its graph
         rows.append(("bc-state", p_, None, None, v["actions_normalised"]["max_abs"], v["actions_normalised"]["rel"],
                      v["latency_ms_batch1"]["p50"], f"{s.get('k')}/{s.get('n')}"))
     print_table("precision parity vs fp32 (JAX for Octo, torch for bc-state)",

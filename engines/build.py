@@ -160,6 +160,8 @@ def _calibration(model: str, timer: "StageTimer", folder: str | None, jobs: dict
         job = jobs.pop(where, None) or start_calibration(model, Path(folder) if folder else None, progress=progress)
         path, recorded = job.wait()
         took = f"{job.seconds:.1f} s" if job.seconds is not None else "time not recorded"
+        if recorded and job.t0 < st.t0:  # its own seconds, beside the exports (the stage's are the wait)
+            st.background_s = job.seconds
         st.note = (f"recorded ({took}, beside the exports)" if recorded and job.t0 < st.t0 else
                    f"recorded ({took})" if recorded else "cached")
     if model == "bc-state":
@@ -170,7 +172,9 @@ def _calibration(model: str, timer: "StageTimer", folder: str | None, jobs: dict
 
 
 class StageTimer:
-    """Wall seconds of each (model, stage) of a build, and whether the stage did work or found it cached."""
+    """Wall seconds of each (model, stage) of a build, and whether the stage did work or found it cached. A stage
+    whose work ran in a process of its own beside the others (the calibration recording) has that work's own
+    seconds in ``background_s``; its ``s`` is the time the build waited for it."""
 
     STAGES = ("export", "optimise", "calibration recording", "quantise", "tensorrt")
 
@@ -185,7 +189,8 @@ class StageTimer:
             yield row
         finally:
             self.rows.append({"model": model, "stage": stage, "s": round(time.monotonic() - t0, 2),
-                              "note": row.note})
+                              "note": row.note, **({"background_s": row.background_s}
+                                                   if getattr(row, "background_s", None) is not None else {})})
 
     def totals(self) -> dict[str, float]:
         return {st: round(sum(r["s"] for r in self.rows if r["stage"] == st), 2) for st in self.STAGES}

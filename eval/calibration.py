@@ -41,6 +41,9 @@ class _Recording:
     def __getattr__(self, name):
         return getattr(self.runner, name)
 
+    def start_try(self, setup_id: str, try_index: int) -> None:
+        self.meta = {"on": True, "setup": setup_id, "try": try_index}
+
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = self.runner.infer(feeds)
         if self.meta.get("on"):
@@ -55,10 +58,7 @@ class _Recording:
 
 def record(tries, quick: bool = False, progress: bool = True) -> dict[str, np.ndarray]:
     """The Octo queries of ``tries`` ((setup, try index) of the dev split), batch-stacked."""
-    from env.setups import get_setup
-    from env.tasklist import load
     from eval.request import make_policy
-    from eval.rollout import Scenes, run_try
 
     if quick:
         from engines.octo.testing import tiny_octo
@@ -69,23 +69,35 @@ def record(tries, quick: bool = False, progress: bool = True) -> dict[str, np.nd
     rec = _Recording(policy.runner)
     policy.runner = rec
     policy.reset("warm-up", seed=0)  # the warm-up query (blank images) runs now, before anything is recorded
+    return _recorded_tries(tries, lambda setup: policy, rec, quick, progress)
+
+
+def _recorded_tries(tries, policy_for, keeper, quick: bool, progress: bool) -> dict[str, np.ndarray]:
+    """Run ``tries`` ((setup, try index) of the dev split) with the cameras on, each with ``policy_for(setup)``,
+    while ``keeper`` (:class:`_Recording`, :class:`_QueryKeeper`) keeps the queries; its rows batch-stacked."""
+    from env.setups import get_setup
+    from env.tasklist import load
+    from eval.rollout import Scenes, run_try
+
     tasklist = load(SPLIT)
     for setup_id, t in tries:
         t0 = time.monotonic()
-        scenes = Scenes(get_setup(setup_id), 1, sim="cpu", cameras=True, max_steps=QUICK_STEPS if quick else None)
+        setup = get_setup(setup_id)
+        policy = policy_for(setup)
+        scenes = Scenes(setup, 1, sim="cpu", cameras=True, max_steps=QUICK_STEPS if quick else None)
         try:
-            rec.meta = {"on": True, "setup": setup_id, "try": t}
+            keeper.start_try(setup_id, t)
             run_try(scenes, policy, SPLIT, t, tasklist)
         finally:
-            rec.meta = {}
+            keeper.meta = {}
             scenes.close()
         if progress:
-            print(f"  {setup_id} try {t}: {sum(1 for r in rec.rows if r['setup'][0] == setup_id)} queries in "
+            print(f"  {setup_id} try {t}: {sum(1 for r in keeper.rows if r['setup'][0] == setup_id)} queries in "
                   f"{time.monotonic() - t0:.0f} s", flush=True)
-    if not rec.rows:
+    if not keeper.rows:
         raise RecordingError("the tries made no Octo query")
-    keys = rec.rows[0].keys()
-    return {k: np.concatenate([r[k] for r in rec.rows]) for k in keys}
+    keys = keeper.rows[0].keys()
+    return {k: np.concatenate([r[k] for r in keeper.rows]) for k in keys}
 
 
 class _QueryKeeper:
@@ -99,6 +111,9 @@ class _QueryKeeper:
         self.rows: list[dict[str, np.ndarray]] = []
         self.meta: dict[str, Any] = {}
         self.seen = 0  # queries of this try
+
+    def start_try(self, setup_id: str, try_index: int) -> None:
+        self.meta, self.seen = {"on": True, "setup": setup_id, "try": try_index}, 0
 
     def batch_sizes(self, n: int) -> list[int]:
         return [n]
@@ -150,11 +165,8 @@ def record_scripted(tries, quick: bool = False, progress: bool = True) -> dict[s
     split) driven by the scripted reference (:class:`OctoQueriesOfScriptedTries`), every ``CALIB_EVERY``-th of
     a try's (its first included), batch-stacked: the INT8 calibration set. The instruction embedding is
     octo-small's T5 with seeded random weights (quick: the tiny test model's)."""
-    from env.setups import get_setup
-    from env.tasklist import load
     from eval.policies.octo import OctoPolicy
     from eval.request import make_policy
-    from eval.rollout import Scenes, run_try
 
     if quick:
         from engines.octo.testing import tiny_octo
@@ -165,26 +177,13 @@ def record_scripted(tries, quick: bool = False, progress: bool = True) -> dict[s
 
         engine = load_octo(MODEL, random_weights=True)
     keeper = _QueryKeeper(engine.cfg, every=CALIB_EVERY)
-    tasklist = load(SPLIT)
-    for setup_id, t in tries:
-        t0 = time.monotonic()
-        setup = get_setup(setup_id)
+
+    def policy_for(setup):
         policy = OctoQueriesOfScriptedTries(OctoPolicy(engine, keeper), make_policy("scripted", setup=setup))
         policy.octo.reset("warm-up", seed=0)  # its warm-up query (blank images) before anything is kept
-        scenes = Scenes(setup, 1, sim="cpu", cameras=True, max_steps=QUICK_STEPS if quick else None)
-        try:
-            keeper.meta, keeper.seen = {"on": True, "setup": setup_id, "try": t}, 0
-            run_try(scenes, policy, SPLIT, t, tasklist)
-        finally:
-            keeper.meta = {}
-            scenes.close()
-        if progress:
-            print(f"  {setup_id} try {t}: {sum(1 for r in keeper.rows if r['setup'][0] == setup_id)} queries in "
-                  f"{time.monotonic() - t0:.0f} s", flush=True)
-    if not keeper.rows:
-        raise RecordingError("the tries made no Octo query")
-    keys = keeper.rows[0].keys()
-    return {k: np.concatenate([r[k] for r in keeper.rows]) for k in keys}
+        return policy
+
+    return _recorded_tries(tries, policy_for, keeper, quick, progress)
 
 
 def record_bc_states(tries, quick: bool = False, progress: bool = True) -> dict[str, np.ndarray]:
@@ -201,7 +200,7 @@ def record_bc_states(tries, quick: bool = False, progress: bool = True) -> dict[
     for setup_id, t in tries:
         scenes = Scenes(get_setup(setup_id), 1, sim="cpu", cameras=False, max_steps=QUICK_STEPS if quick else None)
         try:
-            rec.meta = {"on": True, "setup": setup_id, "try": t}
+            rec.start_try(setup_id, t)
             result = run_try(scenes, policy, SPLIT, t, tasklist)
         finally:
             rec.meta = {}

@@ -21,11 +21,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def _fake_recorder(calls):
     """In place of the recording process (eval.calibration): writes what it writes, without the simulator."""
     def record_calibration(model, path, progress=True):
-        tries = calibration.BC_CALIB_TRIES
+        recorded = calibration._recording_model(model)
+        tries = calibration.BC_CALIB_TRIES if model == "bc-state" else calibration.CALIB_TRIES
         calls.append(list(tries))
         arrays = {"state": np.arange(80, dtype=np.float32).reshape(2, 40), "setup": np.array(["A01", "A01"]),
                   "try_index": np.array([10, 10], np.int32)}
-        calibration.save(arrays, path, {"model": model}, calibration.recording_inputs(model, tries))
+        calibration.save(arrays, path, {"model": model, "recording_s": 1.5},
+                         calibration.recording_inputs(recorded, tries, driver=calibration.CALIB_DRIVER[recorded]))
         done = subprocess.Popen([sys.executable, "-c", ""])  # a recording process that ended well
         return calibration.CalibrationJob(path, done, [sys.executable, "-c", ""])
     return record_calibration
@@ -53,6 +55,30 @@ def test_a_recording_is_reused_until_its_inputs_change(tmp_path, monkeypatch):
     side.pop("inputs_sha256")
     path.with_suffix(".json").write_text(json.dumps(side))
     assert calibration.ensure_calibration("bc-state", tmp_path, progress=False)[1] is True
+
+
+def test_make_engines_starts_one_recording_before_the_exports_and_waits_for_it_once(tmp_path, monkeypatch):
+    """engines.build: the Octo calibration recording is started before anything is exported (bc-state's INT8 is
+    refused: none for it), waited for by the first Octo model's INT8 graph, which notes the recording's own
+    seconds apart from the wait, and found cached by the second."""
+    import types
+
+    from engines import build, quantize
+
+    calls = []
+    monkeypatch.setattr(calibration, "record_calibration", _fake_recorder(calls))
+    monkeypatch.setattr(quantize, "octo_calibration", lambda cfg, path: path)  # the fake holds no images
+    args = types.SimpleNamespace(onnx_from=None, queries_dir=str(tmp_path))
+    jobs = build._start_recordings(["bc-state", "octo-small", "octo-base"], args, ["fp32", "int8"])
+    assert calls == [list(calibration.CALIB_TRIES)]
+    assert list(jobs) == [calibration.calibration_path("octo-small", tmp_path)]
+    assert build._start_recordings(["octo-small"], args, ["fp32"]) == {}  # no INT8 asked: nothing recorded
+    timer = StageTimer()
+    for model in ("octo-small", "octo-base"):
+        assert build._calibration(model, timer, str(tmp_path), jobs) == tmp_path / quantize.OCTO_CALIB.name
+    first, second = timer.rows
+    assert first["note"] == "recorded (1.5 s, beside the exports)" and first["background_s"] == 1.5
+    assert second["note"] == "cached" and "background_s" not in second and len(calls) == 1 and not jobs
 
 
 def test_octo_recordings_name_the_appearance_of_their_frames(monkeypatch):
