@@ -25,9 +25,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from eval.policies.base import Policy
 from engines.calibration import (BC_CALIB_TRIES, CALIB_DRIVER, CALIB_EVERY, CALIB_TRIES, MODEL,  # noqa: F401
                                  QUICK_STEPS, SPLIT, RecordingError, recording_inputs, save)
+from eval.policies.base import Policy
 
 
 class _Recording:
