@@ -72,9 +72,10 @@ def record(tries, quick: bool = False, progress: bool = True) -> dict[str, np.nd
     return _recorded_tries(tries, lambda setup: policy, rec, quick, progress)
 
 
-def _recorded_tries(tries, policy_for, keeper, quick: bool, progress: bool) -> dict[str, np.ndarray]:
-    """Run ``tries`` ((setup, try index) of the dev split) with the cameras on, each with ``policy_for(setup)``,
-    while ``keeper`` (:class:`_Recording`, :class:`_QueryKeeper`) keeps the queries; its rows batch-stacked."""
+def _recorded_tries(tries, policy_for, keeper, quick: bool, progress: bool, model: str = "Octo",
+                    cameras: bool = True) -> dict[str, np.ndarray]:
+    """Run ``tries`` ((setup, try index) of the dev split), each with ``policy_for(setup)``, while ``keeper``
+    (:class:`_Recording`, :class:`_QueryKeeper`) keeps ``model``'s queries; its rows batch-stacked."""
     from env.setups import get_setup
     from env.tasklist import load
     from eval.rollout import Scenes, run_try
@@ -84,18 +85,18 @@ def _recorded_tries(tries, policy_for, keeper, quick: bool, progress: bool) -> d
         t0 = time.monotonic()
         setup = get_setup(setup_id)
         policy = policy_for(setup)
-        scenes = Scenes(setup, 1, sim="cpu", cameras=True, max_steps=QUICK_STEPS if quick else None)
+        scenes = Scenes(setup, 1, sim="cpu", cameras=cameras, max_steps=QUICK_STEPS if quick else None)
         try:
             keeper.start_try(setup_id, t)
-            run_try(scenes, policy, SPLIT, t, tasklist)
+            result = run_try(scenes, policy, SPLIT, t, tasklist)
         finally:
             keeper.meta = {}
             scenes.close()
         if progress:
-            print(f"  {setup_id} try {t}: {sum(1 for r in keeper.rows if r['setup'][0] == setup_id)} queries in "
-                  f"{time.monotonic() - t0:.0f} s", flush=True)
+            print(f"  {model} {setup_id} try {t}: {sum(1 for r in keeper.rows if r['setup'][0] == setup_id)} "
+                  f"queries, success {result.success}, {time.monotonic() - t0:.0f} s", flush=True)
     if not keeper.rows:
-        raise RecordingError("the tries made no Octo query")
+        raise RecordingError(f"the tries made no {model} query")
     keys = keeper.rows[0].keys()
     return {k: np.concatenate([r[k] for r in keeper.rows]) for k in keys}
 
@@ -188,32 +189,13 @@ def record_scripted(tries, quick: bool = False, progress: bool = True) -> dict[s
 
 def record_bc_states(tries, quick: bool = False, progress: bool = True) -> dict[str, np.ndarray]:
     """The states bc-state (fp32 on ONNX Runtime) reads on ``tries`` of the dev split, stacked."""
-    from env.setups import get_setup
-    from env.tasklist import load
     from eval.request import make_policy
-    from eval.rollout import Scenes, run_try
 
     policy = make_policy("bc-state", backend="ort")
     rec = _Recording(policy.runner)
     policy.runner = rec
-    tasklist = load(SPLIT)
-    for setup_id, t in tries:
-        scenes = Scenes(get_setup(setup_id), 1, sim="cpu", cameras=False, max_steps=QUICK_STEPS if quick else None)
-        try:
-            rec.start_try(setup_id, t)
-            result = run_try(scenes, policy, SPLIT, t, tasklist)
-        finally:
-            rec.meta = {}
-            scenes.close()
-        if progress:
-            print(f"  bc-state {setup_id} try {t}: success {result.success}", flush=True)
-    if not rec.rows:
-        raise RecordingError("the tries made no bc-state query")
-    return {"state": np.concatenate([r["state"] for r in rec.rows]).astype(np.float32),
-            "setup": np.concatenate([r["setup"] for r in rec.rows]),
-            "try_index": np.concatenate([r["try_index"] for r in rec.rows])}
-
-
+    arrays = _recorded_tries(tries, lambda setup: policy, rec, quick, progress, model="bc-state", cameras=False)
+    return {"state": arrays["state"].astype(np.float32), "setup": arrays["setup"], "try_index": arrays["try_index"]}
 
 
 def main(argv=None) -> int:
