@@ -28,9 +28,6 @@ OUTCOME_FIELDS = ("success", "steps", "flags", "blocks_inserted", "disturbance_f
 
 def compare_setup(setup_id: str, tries: Sequence[int], num_envs: int, sim: str, split: str = "dev") -> dict:
     """The tries of one setup on CPU one at a time and batched on ``sim``; outcomes side by side."""
-    import torch
-
-    torch.set_num_threads(1)
     from env.setups import get_setup
     from env.tasklist import load
     from eval.request import make_policy

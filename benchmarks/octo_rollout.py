@@ -19,6 +19,7 @@ default chunk of 4), which is the frozen track's worst case and the same work fo
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Sequence
 
@@ -45,8 +46,10 @@ def _policy_factory(backend: str, quick: bool):
     return lambda: make_policy("octo-small", random_weights=True, backend=backend)
 
 
-def measure(backend: str, num_envs: int, quick: bool, every_step: bool = False, sim: str = "cpu") -> dict:
-    """One rollout of ``num_envs`` tries of A01 on as many scenes; its wall time and stage shares."""
+def measure(backend: str, num_envs: int, quick: bool, every_step: bool = False, sim: str = "cpu",
+            torch_threads: int | None = None) -> dict:
+    """One rollout of ``num_envs`` tries of A01 on as many scenes; its wall time and stage shares. With
+    ``torch_threads``, torch runs on that many threads instead of the rollout's one (``env.one_torch_thread``)."""
     from env.setups import get_setup
     from eval.rollout import Scenes, make_members, rollout
 
@@ -57,6 +60,10 @@ def measure(backend: str, num_envs: int, quick: bool, every_step: bool = False, 
         for m in members:
             m.reads_observation = lambda step: True  # the loop as it was: every step rendered
     scenes = Scenes(setup, num_envs, sim=sim, cameras=True, max_steps=12 if quick else None)
+    if torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(torch_threads)
     try:
         records, batch = rollout(scenes, members, SPLIT, list(range(num_envs)))
     finally:
@@ -68,6 +75,7 @@ def measure(backend: str, num_envs: int, quick: bool, every_step: bool = False, 
     wall = batch["wall_s"]
     return {
         "backend": backend, "sim": sim, "num_envs": num_envs, "every_step_rendered": every_step,
+        "torch_threads": torch_threads or 1,
         "tries": len(records), "tries_per_s": round(num_envs / wall, 4),
         "steps_per_try": [r.steps for r in records], "queries": len(batch["query_ms"]) + len(batch["warmup_ms"]),
         "wall_s": round(wall, 2), "try_wall_s": round(wall / num_envs, 2),
@@ -119,28 +127,32 @@ def _main(argv: Sequence[str] | None) -> int:
             raise BenchmarkError(f"backend {b!r} {reason}")
     mach = machine()
     # the loop as it was (every step rendered) beside it, on CPU scenes
-    cases = [("jax", 1, True)] if "jax" in backends and args.sim == "cpu" and 1 in counts else []
-    cases += [(b, n, False) for b in backends for n in counts]
+    cases = [("jax", 1, True, None)] if "jax" in backends and args.sim == "cpu" and 1 in counts else []
+    cases += [(b, n, False, None) for b in backends for n in counts]
+    if args.sim == "cpu" and 1 in counts:  # why the rollout runs torch on one thread: torch's default beside it
+        cases += [(b, 1, False, os.cpu_count() or 1) for b in backends]
     row_log = RowLog(NAME, args.out_dir, args.quick)  # each row on disk as it finishes: a killed run keeps them
     rows = row_log.rows
     t0 = time.monotonic()
-    for backend, n, every in progress(cases, desc="rollouts", disable=args.no_progress):
-        row_log.append(measure(backend, n, args.quick, every_step=every, sim=args.sim))
+    for backend, n, every, threads in progress(cases, desc="rollouts", disable=args.no_progress):
+        row_log.append(measure(backend, n, args.quick, every_step=every, sim=args.sim, torch_threads=threads))
     results = {"setup": SETUP, "split": SPLIT, "sim": args.sim, "model": "octo-tiny (test)" if args.quick else "octo-small",
                "weights": "random", "rows": rows, "wall_s": round(time.monotonic() - t0, 1),
                "targets": {"wall_per_inference": WALL_PER_INFERENCE_TARGET,
                            "wall_per_inference_stretch": WALL_PER_INFERENCE_STRETCH,
                            "render_share": RENDER_SHARE_TARGET, "n4_vs_n1_tries_per_hour": 1.0}}
     for b in backends:
-        one = next((r for r in rows if r["backend"] == b and r["num_envs"] == 1 and not r["every_step_rendered"]), None)
+        one = next((r for r in rows if r["backend"] == b and r["num_envs"] == 1 and not r["every_step_rendered"]
+                    and r["torch_threads"] == 1), None)
         for many in (r for r in rows if r["backend"] == b and r["num_envs"] > 1):
             if one is not None:
                 key = f"{b}_n{many['num_envs']}_vs_one_tries_per_hour"
                 results[key] = round(many["tries_per_hour"] / one["tries_per_hour"], 3)
     print_table(f"one {results['model']} try on {mach['cpu']} ({args.sim} scenes)", [
-        "backend", "N", "rendered", "try wall s", "tries/h", "wall/inference", "render", "inference", "physics",
+        "backend", "N", "rendered", "torch threads", "try wall s", "tries/h", "wall/inference", "render", "inference", "physics",
         "other", "query p50 ms", "image B/step"], [
-        [r["backend"], r["num_envs"], "every step" if r["every_step_rendered"] else "read steps", r["try_wall_s"],
+        [r["backend"], r["num_envs"], "every step" if r["every_step_rendered"] else "read steps", r["torch_threads"],
+         r["try_wall_s"],
          r["tries_per_hour"], r["wall_per_inference"], *(r["share"][k] for k in SHARES), r["query_ms_p50"],
          r["image_bytes_per_step"]] for r in rows])
     write_result(NAME, args.out_dir, MODULE, argv, args.quick, results, mach, row_log)

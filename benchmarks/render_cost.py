@@ -9,11 +9,15 @@ Parts (``env.appearance`` says what v2 renders):
 - ``lod``: the level of detail of the decimated meshes: the same comparison on A01's and B01's frames for each
   keep fraction, with the triangles a frame sends and its render time; the chosen fraction is the smallest
   whose frames stay within ``LOD_MEAN_ABS_MAX`` of the source on both cameras.
-- ``cost``: per control step of a scripted A01 try, in one process with the scenes interleaved: physics
-  (``env.step`` with rendering off), the render of both cameras (``_get_obs_sensor_data``: both submitted,
-  then both read) for v1 and v2, each camera alone, ``scene.update_render``, and the floor: v2's scene with
-  every render body hidden (the per-frame fixed cost: submission, the camera passes, the read-back). Then v2's
-  render under each lavapipe thread count (``LP_NUM_THREADS``, a fresh process each: lavapipe reads it once).
+- ``cost``: per control step of a scripted A01 try, in a fresh process that holds only appearance v2's scene
+  and the floor's (as an eval worker holds only v2 scenes, and runs torch on one thread: ``env.
+  one_torch_thread``), the scenes' renders interleaved: physics (``env.step`` with rendering off), the render
+  of both cameras (``_get_obs_sensor_data``: both submitted, then both read), each camera alone,
+  ``scene.update_render``, and the floor: v2's scene with every render body hidden (the per-frame fixed cost:
+  submission, the camera passes, the read-back). The same in a fresh process per lavapipe thread count
+  (``LP_NUM_THREADS``: lavapipe reads it once). Then v1 against v2 in one process, their renders interleaved
+  step by step (each pays for the other's passage through the caches, so both are slower than alone). Last,
+  v2 with torch on its default threads (one per core) instead of the rollout's one (``env.one_torch_thread``).
 
     python -m benchmarks.render_cost                 # the full run (minutes, a quiet machine)
     python -m benchmarks.render_cost --quick         # seconds: checks it works, numbers meaningless
@@ -48,9 +52,10 @@ RENDER_PHYSICS_RATIO_TARGET = 3.5
 
 def _scene(setup: str, visual_meshes: str, keep_fraction: float | None = None):
     """A camera scene of the setup; with ``keep_fraction`` the source scene's meshes decimated to it."""
-    from env import make_env
+    from env import make_env, one_torch_thread
     from env.appearance import simplify_visuals
 
+    one_torch_thread()  # as the rollout's scenes run (eval.rollout.Scenes)
     env = make_env(setup, obs_mode="rgb", visual_meshes=visual_meshes)
     if keep_fraction is not None:
         scene = env.unwrapped.scene
@@ -218,13 +223,18 @@ def _timed(fn) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def cost_samples(setup: str, max_steps: int, with_source: bool) -> dict:
-    """Per-step milliseconds along a scripted try of ``setup``, the scenes' renders interleaved."""
+def cost_samples(setup: str, max_steps: int, with_source: bool, torch_threads: int | None = None) -> dict:
+    """Per-step milliseconds along a scripted try of ``setup``, the scenes' renders interleaved; with
+    ``torch_threads`` torch runs on that many threads instead of the rollout's one."""
     from env.tasklist import load
 
     envs = {"v2": _scene(setup, "simplified"), "floor": _scene(setup, "simplified")}
     if with_source:
         envs["v1"] = _scene(setup, "source")
+    if torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(torch_threads)
     _hide_all(envs["floor"])
     names = list(envs)
     try:
@@ -255,28 +265,53 @@ def cost_samples(setup: str, max_steps: int, with_source: bool) -> dict:
             env.close()
 
 
+def _child_samples(setup: str, max_steps: int, lp_threads: int | None, torch_threads: int | None = None) -> dict:
+    """The cost samples of a fresh process holding v2's scenes only, as an eval worker does; lavapipe's thread
+    count ``lp_threads`` (None: unset, lavapipe's own default); torch on ``torch_threads`` (None: one)."""
+    env = {k: v for k, v in os.environ.items() if k != "LP_NUM_THREADS"}
+    if lp_threads is not None:
+        env["LP_NUM_THREADS"] = str(lp_threads)
+    extra = ["--child-torch-threads", str(torch_threads)] if torch_threads is not None else []
+    child = subprocess.run([sys.executable, "-m", MODULE, "--child-cost", setup, "--max-steps", str(max_steps), *extra],
+                           env=env, capture_output=True, text=True)
+    if child.returncode != 0:
+        raise BenchmarkError(f"the LP_NUM_THREADS={lp_threads or 'unset'} run failed: "
+                             f"{child.stderr.strip().splitlines()[-1:]}")
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
 def cost_part(setup: str, max_steps: int, lp_threads: Sequence[int], show: bool) -> dict:
-    samples = cost_samples(setup, max_steps, with_source=True)
-    s = {k: stats_ms(v) for k, v in samples.items()}
-    physics = s["physics"]["p50"]
-    out = {"setup": setup, "steps": len(samples["v2"]), "ms_per_step": {
-        "physics": s["physics"], "render_both_v1": s["v1"], "render_both_v2": s["v2"],
-        "render_floor_all_hidden": s["floor"], "third_person_alone_v2": s["third_person"],
-        "wrist_alone_v2": s["wrist"], "update_render_v2": s["update_render"]},
-        "v2_vs_v1": round(s["v1"]["p50"] / s["v2"]["p50"], 3),
-        "render_v2_over_physics": round(s["v2"]["p50"] / physics, 3),
-        "targets": {"render_ms_max": RENDER_TARGET_MS, "render_over_physics_max": RENDER_PHYSICS_RATIO_TARGET}}
-    threads = []
-    for n in progress(lp_threads, desc="LP_NUM_THREADS", disable=not show):
-        child = subprocess.run([sys.executable, "-m", MODULE, "--child-cost", setup, "--max-steps", str(max_steps)],
-                               env={**os.environ, "LP_NUM_THREADS": str(n)}, capture_output=True, text=True)
-        if child.returncode != 0:
-            raise BenchmarkError(f"the LP_NUM_THREADS={n} run failed: {child.stderr.strip().splitlines()[-1:]}")
-        got = json.loads(child.stdout.strip().splitlines()[-1])
-        threads.append({"lp_num_threads": n, "render_both_v2": stats_ms(got["v2"]),
-                        "render_floor_all_hidden": stats_ms(got["floor"])})
-    out["lp_num_threads"] = threads
-    out["lp_num_threads_default"] = os.environ.get("LP_NUM_THREADS") or "unset (lavapipe: one per CPU)"
+    # the headline: a fresh process with v2's scenes only (an eval worker never holds a v1 scene, whose 582k
+    # triangles pass through the caches between v2's frames when the two are interleaved)
+    runs = [None, *lp_threads]
+    got = {}
+    for n in progress(runs, desc="cost processes", disable=not show):
+        got[n] = {k: stats_ms(v) for k, v in _child_samples(setup, max_steps, n).items()}
+    s = got[None]
+    out = {"setup": setup, "steps": s["v2"]["n"],
+           "how": "a fresh process holding only appearance v2's scene (and the floor's), LP_NUM_THREADS unset",
+           "ms_per_step": {
+               "physics": s["physics"], "render_both_v2": s["v2"], "render_floor_all_hidden": s["floor"],
+               "third_person_alone_v2": s["third_person"], "wrist_alone_v2": s["wrist"],
+               "update_render_v2": s["update_render"]},
+           "render_v2_over_physics": round(s["v2"]["p50"] / s["physics"]["p50"], 3),
+           "targets": {"render_ms_max": RENDER_TARGET_MS, "render_over_physics_max": RENDER_PHYSICS_RATIO_TARGET}}
+    # v1 against v2 under the same conditions: one process, the scenes' renders interleaved step by step
+    both = {k: stats_ms(v) for k, v in cost_samples(setup, max_steps, with_source=True).items()}
+    out["v1_vs_v2"] = {"how": "one process, v1, v2 and the floor's scenes interleaved step by step",
+                       "ms_per_step": {"physics": both["physics"], "render_both_v1": both["v1"],
+                                       "render_both_v2": both["v2"], "render_floor_all_hidden": both["floor"]},
+                       "v2_vs_v1": round(both["v1"]["p50"] / both["v2"]["p50"], 3)}
+    out["lp_num_threads"] = [{"lp_num_threads": n, "physics": got[n]["physics"], "render_both_v2": got[n]["v2"],
+                              "render_floor_all_hidden": got[n]["floor"],
+                              "render_v2_over_physics": round(got[n]["v2"]["p50"] / got[n]["physics"]["p50"], 3)}
+                             for n in lp_threads]
+    out["lp_num_threads_default"] = "unset (lavapipe: one per CPU)"
+    # why the rollout runs torch on one thread (env.one_torch_thread): the same process with torch's default
+    cores = os.cpu_count() or 1
+    t = {k: stats_ms(v) for k, v in _child_samples(setup, max_steps, None, torch_threads=cores).items()}
+    out["torch_threads"] = {"rollout": 1, "compared": cores, "physics": t["physics"], "render_both_v2": t["v2"],
+                            "render_v2_over_physics": round(t["v2"]["p50"] / t["physics"]["p50"], 3)}
     return out
 
 
@@ -286,10 +321,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--parts", default=",".join(PARTS), help=f"which parts: {', '.join(PARTS)} (default all)")
     p.add_argument("--max-steps", type=int, help="steps of the cost part's try (default 100; quick: 3)")
     p.add_argument("--child-cost", metavar="SETUP", help=argparse.SUPPRESS)
+    p.add_argument("--child-torch-threads", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child_cost:  # one LP_NUM_THREADS run of the cost part: its samples as one JSON line
-        got = cost_samples(args.child_cost, args.max_steps or 100, with_source=False)
-        print(json.dumps({k: got[k] for k in ("v2", "floor")}))
+        print(json.dumps(cost_samples(args.child_cost, args.max_steps or 100, with_source=False,
+                                      torch_threads=args.child_torch_threads)))
         return 0
     from env.setups import SETUPS, resolve_setups
 
@@ -331,9 +367,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{RENDER_TARGET_MS:g} ms, <= {RENDER_PHYSICS_RATIO_TARGET:g}x physics)",
                     ["what", "p50", "mean", "p99"],
                     [[k, v["p50"], v["mean"], v["p99"]] for k, v in c["ms_per_step"].items()]
+                    + [[f"{k}, with v1 in the process", v["p50"], v["mean"], v["p99"]]
+                       for k, v in c["v1_vs_v2"]["ms_per_step"].items()]
                     + [[f"render v2, LP_NUM_THREADS={t['lp_num_threads']}", t["render_both_v2"]["p50"],
-                        t["render_both_v2"]["mean"], t["render_both_v2"]["p99"]] for t in c["lp_num_threads"]])
-        print(f"v2 vs v1: {c['v2_vs_v1']:.2f}x faster; render v2 / physics {c['render_v2_over_physics']:.2f}")
+                        t["render_both_v2"]["mean"], t["render_both_v2"]["p99"]] for t in c["lp_num_threads"]]
+                    + [[f"render v2, torch on {c['torch_threads']['compared']} threads (the rollout: 1)",
+                        *(c["torch_threads"]["render_both_v2"][k] for k in ("p50", "mean", "p99"))],
+                       [f"physics, torch on {c['torch_threads']['compared']} threads",
+                        *(c["torch_threads"]["physics"][k] for k in ("p50", "mean", "p99"))]])
+        print(f"v2 vs v1: {c['v1_vs_v2']['v2_vs_v1']:.2f}x faster; render v2 / physics "
+              f"{c['render_v2_over_physics']:.2f}")
     write_result(NAME, args.out_dir, MODULE, argv, args.quick, results, mach)
     return 0
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from pathlib import Path
 
 from engines.cache import sha256_file  # noqa: F401 - the one file digest, named here for the model files
@@ -10,6 +12,21 @@ from engines.optional import require
 
 class BadModelFileError(ValueError):
     """A model file is missing, truncated, corrupt or not what was expected (one line)."""
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector off for a graph export, rewrite or quantization pass: they make many small
+    objects and no cycles worth collecting, and in a build process that has exported with JAX each full
+    collection walks ~300k live objects (measured: octo-small's rewrite 4.4 -> 2.6 s). Reference counting
+    still frees everything; the collector is back on (if it was) afterwards."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def check_onnx_file(path: str | Path):

@@ -271,7 +271,7 @@ def quantize_int8(onnx_path: str | Path, out_path: str | Path, calibration: Cali
     require("onnxruntime", "export")
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static, save_tensors_data
 
-    from engines.onnx_utils import check_onnx_file, sha256_file
+    from engines.onnx_utils import check_onnx_file, gc_paused, sha256_file
 
     if "calibration_cache_path" not in inspect.signature(quantize_static).parameters:  # ranges are passed so
         ort = require("onnxruntime", "export")
@@ -281,7 +281,7 @@ def quantize_int8(onnx_path: str | Path, out_path: str | Path, calibration: Cali
     specs = input_specs(onnx_path)
     src_meta = {p.key: p.value for p in onnx.load(str(onnx_path), load_external_data=False).metadata_props}
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="sab-int8-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="sab-int8-") as tmp, gc_paused():
         folded = Path(tmp) / "folded.onnx"
         _fold(onnx_path, folded)
         nodes = prepare(folded, ops)

@@ -103,10 +103,11 @@ class Scenes:
 
     def __init__(self, setup: Setup, num_envs: int = 1, sim: str = "cpu", arm: str = "panda",
                  cameras: bool = False, max_steps: int | None = None):
-        from env import make_env
+        from env import make_env, one_torch_thread
 
         if sim not in SIMS:
             raise BatchError(f"unknown sim {sim!r}; valid: {', '.join(SIMS)}")
+        one_torch_thread()
         self.setup, self.num_envs, self.sim, self.cameras = setup, num_envs, sim, cameras
         obs_mode = "rgb" if cameras else "state"
         if sim == "gpu":

@@ -4,6 +4,7 @@ README reads. No timing is asserted (quick numbers mean nothing, and this machin
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,11 @@ def test_octo_rollout_quick(tmp_path):
     r = _bench("octo_rollout", tmp_path)
     rows = {(x["backend"], x["num_envs"], x["every_step_rendered"]) for x in r["rows"]}
     assert {("jax", 1, True), ("jax", 1, False), ("jax", 2, False)} <= rows
+    backends = sorted({x["backend"] for x in r["rows"]})
+    default = r["rows"][-len(backends):]  # last, one per backend: torch on its default threads beside the rollout's 1
+    assert sorted(x["backend"] for x in default) == backends and all(x["num_envs"] == 1 for x in default)
+    assert [x["torch_threads"] for x in default] == [os.cpu_count() or 1] * len(backends)
+    assert all(x["torch_threads"] == 1 for x in r["rows"][:-len(backends)])
     for row in r["rows"]:
         assert set(row["share"]) == {"render", "inference", "physics", "other"}
         assert abs(sum(row["share"].values()) - 1) < 0.01 and row["wall_per_inference"] >= 1
@@ -87,9 +93,10 @@ def test_render_cost_quick(tmp_path):
     lod = r["lod"]
     assert lod["levels"] and lod["source"]["triangles"] > lod["levels"][0]["triangles"] > 0
     c = r["cost"]
-    assert c["steps"] == 3 and set(c["ms_per_step"]) >= {"physics", "render_both_v1", "render_both_v2",
-                                                       "render_floor_all_hidden"}
-    assert [t["lp_num_threads"] for t in c["lp_num_threads"]] == [1]
+    assert c["steps"] == 3 and set(c["ms_per_step"]) >= {"physics", "render_both_v2", "render_floor_all_hidden"}
+    assert set(c["v1_vs_v2"]["ms_per_step"]) >= {"render_both_v1", "render_both_v2"} and c["v1_vs_v2"]["v2_vs_v1"] > 0
+    assert [t["lp_num_threads"] for t in c["lp_num_threads"]] == [1] and c["render_v2_over_physics"] > 0
+    assert c["torch_threads"]["rollout"] == 1 and c["torch_threads"]["render_both_v2"]["n"] == 3
     doc = json.loads((tmp_path / "render_cost.quick.json").read_text())
     from env.appearance import APPEARANCE_VERSION
 

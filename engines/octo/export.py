@@ -198,10 +198,11 @@ def _export(fn: Callable, specs: list, input_names: list[str], output_names: lis
     import jax
 
     from engines.octo.jax2onnx_fast import fast_output_check
-    from engines.onnx_utils import check_onnx_file
+    from engines.onnx_utils import check_onnx_file, gc_paused
 
     _quiet_exporter()
-    with fast_output_check():  # the same graph, without jax2onnx's quadratic output scan
+    # the same graph, without jax2onnx's quadratic output scan; no cyclic collections of the tracing's objects
+    with fast_output_check(), gc_paused():
         model = jax2onnx.to_onnx(fn, specs, model_name=model_name, opset=opset, input_names=input_names,
                                  output_names=output_names)
     _prune_initializers(model)

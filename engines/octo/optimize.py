@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -78,14 +79,21 @@ class _Graph:
         self.refresh()
 
     def refresh(self) -> None:
-        """Producers, consumers and names again after a rewrite (value_info does not change within a pass, and
-        initializers are added through add_init, which keeps its map)."""
-        self.producer = {o: n for n in self.g.node for o in n.output}
-        self.consumers: dict[str, list] = defaultdict(list)
-        for n in self.g.node:
-            for i in n.input:
-                self.consumers[i].append(n)
-        self._names = {n.name for n in self.g.node} | set(self.inits) | set(self.producer)
+        """Producers, consumers, positions and names again after a rewrite (value_info does not change within a
+        pass, and initializers are added through add_init, which keeps its map)."""
+        producer: dict[str, Any] = {}
+        consumers: dict[str, list] = defaultdict(list)
+        position: dict[str, int] = {}  # a node's first output -> its index (where _replace starts looking)
+        for i, n in enumerate(self.g.node):
+            outs = list(n.output)
+            if outs:
+                position[outs[0]] = i
+            for o in outs:
+                producer[o] = n
+            for x in n.input:
+                consumers[x].append(n)
+        self.producer, self.consumers, self.position = producer, consumers, position
+        self._names = {n.name for n in self.g.node} | set(self.inits) | set(producer)
         self._counter = 0  # fresh names count from 1 again, skipping the names in use
 
     def const(self, name: str):
@@ -196,7 +204,16 @@ def _replace(gr: _Graph, anchor, new_nodes: list) -> None:
     nodes = gr.g.node
     key = list(anchor.output)
     first = key[0]  # output names are unique: the first one finds the node, the whole list confirms it
-    idx = next(i for i, n in enumerate(nodes) if n.output and n.output[0] == first and list(n.output) == key)
+
+    def at(i: int) -> bool:
+        n = nodes[i]
+        return bool(n.output) and n.output[0] == first and list(n.output) == key
+
+    # where the last refresh saw it; rewrites since then moved nodes by a few places: look outward from there
+    # (a scan from the start made the passes quadratic in the graph's size)
+    hint, size = gr.position.get(first, 0), len(nodes)
+    idx = next(i for d in range(size) for i in ((hint,) if d == 0 else (hint - d, hint + d))
+               if 0 <= i < size and at(i))
     del nodes[idx]
     for k, n in enumerate(new_nodes):
         nodes.insert(idx + k, n)
@@ -578,13 +595,16 @@ def optimize_model(model, passes=ALL_PASSES) -> dict[str, int]:
     unknown = [p for p in passes if p not in PASSES]
     if unknown:
         raise ValueError(f"unknown graph rewrite {unknown[0]!r}; valid: {', '.join(PASSES)}")
+    from engines.onnx_utils import gc_paused
+
     stats = {}
     before = len(model.graph.node)
-    for p in passes:
-        stats[p] = PASSES[p](_Graph(model))
-        if p == "static_reshapes":
-            _dead_code(model)
-    _dead_code(model)
+    with gc_paused():
+        for p in passes:
+            stats[p] = PASSES[p](_Graph(model))
+            if p == "static_reshapes":
+                _dead_code(model)
+        _dead_code(model)
     if any(n.domain == MS_DOMAIN for n in model.graph.node) and not any(
             o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))

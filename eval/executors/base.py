@@ -55,10 +55,10 @@ class TryWorker:
     """
 
     def __init__(self, request):
-        import torch
-
-        torch.set_num_threads(1)  # one core per worker: W workers on W cores, no oversubscription
+        from env import one_torch_thread
         from env.tasklist import load
+
+        one_torch_thread()  # before the policies are built: one core per worker, W workers on W cores
 
         self.request = request
         self.tasklist = load(request.split)
