@@ -395,8 +395,8 @@ def ort_bf16_reason() -> str | None:
 # named here is refused at int8 on every backend, with the measured reason
 INT8_REFUSED = {
     "bc-state": "bc-state does not run at int8: its Q/DQ graph (ranges over all 1,062 calibration states) succeeded "
-                "in 5/35 dev tries against 35/35 at fp32 and was 2.9x slower at batch 1 (0.056 vs 0.020 ms "
-                "p50; Intel Xeon, 2026-12-04, results/benchmarks/octo_precision.json; 12/35 and 3.5x slower in the "
+                "in 5/35 dev tries against 35/35 at fp32 and was 3.0x slower at batch 1 (0.085 vs 0.028 ms "
+                "p50; Intel Xeon, 2026-12-05, results/benchmarks/octo_precision.json; 12/35 and 3.5x slower in the "
                 "run of 2026-12-02, whose ranges came from the last 38 states only), a 0.3 MB MLP that int8 makes "
                 "worse and slower: use fp32",
 }

@@ -16,8 +16,8 @@ def one_torch_thread() -> None:
     """Run torch on one thread in a process that steps scenes (the rollout's ``Scenes``, an eval worker, a
     benchmark's scene). ManiSkill keeps a CPU scene's state in small torch tensors: no op on them gains from
     threads, but torch's OpenMP pool spins after each op and takes the cores that lavapipe's rasterizer,
-    PhysX and the policy need. Measured on a 2-core Intel Xeon (``benchmarks/render_cost.py``): both cameras'
-    render 31.2 ms p50 with torch's default 2 threads, 24.7 ms with one. One worker per core needs no more."""
+    PhysX and the policy need. Measured on a 2-core Intel Xeon (``benchmarks/render_cost.py``, 2026-12-05): both
+    cameras' render 32.0 ms p50 with torch's default 2 threads, 27.8 ms with one. One worker per core needs no more."""
     import torch
 
     torch.set_num_threads(1)

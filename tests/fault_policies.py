@@ -123,3 +123,22 @@ class AlwaysLosesConnection(LosesConnectionOnce):
     def __init__(self):
         super().__init__()
         self.first = True
+
+
+class TorchThreadsPolicy(Policy):
+    """Writes the torch thread count its worker runs with (to ``$SAB_TEST_TORCH_THREADS_OUT``) at each reset; holds
+    the arm still."""
+
+    name = "torch-threads-test"
+    track = "sanity"
+
+    def reset(self, instruction, seed=None):
+        import os
+
+        import torch
+
+        with open(os.environ["SAB_TEST_TORCH_THREADS_OUT"], "a") as f:
+            f.write(f"{torch.get_num_threads()}\n")
+
+    def act(self, observation):
+        return np.zeros(7, dtype=np.float32)

@@ -1,4 +1,4 @@
-"""eval.run as researchers use it: parallel workers, kill and resume, watchdog, bad actions."""
+"""eval.run as researchers use it: parallel workers, kill and resume, watchdog, bad actions, torch on one thread per worker."""
 
 from __future__ import annotations
 
@@ -79,3 +79,19 @@ def test_watchdog_flags_a_hung_policy_or_simulator_and_the_run_goes_on(tmp_path,
     assert all(r["flags"] == [flag] and not r["success"] for r in recs)
     last = proc.stdout.strip().splitlines()[-1]
     assert f"2 tries did not finish ({flag} 2)" in last, proc.stdout
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_workers_run_torch_on_one_thread_where_torch_would_take_two(tmp_path, workers):
+    # torch's OpenMP pool spins on the cores lavapipe and PhysX need (env.one_torch_thread); OMP_NUM_THREADS=2
+    # makes two torch's default here whatever the machine's core count, so one thread is the worker's doing
+    seen = tmp_path / "threads.txt"
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "SAB_TEST_TORCH_THREADS_OUT": str(seen)}
+    proc = subprocess.run(_cmd("--model", "tests.fault_policies:TorchThreadsPolicy", "--setups", "A01", "--tries",
+                               workers, "--workers", workers, "--out", str(tmp_path / "run")),
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert seen.read_text().split() == ["1"] * int(workers)
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
+                           capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == "2"  # what the workers would have had without it
