@@ -18,7 +18,7 @@ help:
 	@echo "  make test    setup, then $(PY) -m pytest -q"
 	@echo "  make demo    setup, the bc-state engine, then eval.orin on 2 dev tries of A01 and B01 -> runs/demo"
 	@echo "  make lock    pin the installed versions into requirements/lock.txt (after make test passed)"
-	@echo "  make engines setup, then Octo's released weights (Hugging Face cache, else downloaded), ONNX exports, their INT8 Q/DQ graphs (calibrated on recorded dev tries) and (with a GPU and TensorRT) engines -> build/engines"
+	@echo "  make engines setup, then Octo's released weights (Hugging Face cache, else downloaded), ONNX exports, their INT8 Q/DQ graphs (calibrated on recorded dev tries), instruction embeddings and (with a GPU and TensorRT) engines -> build/engines, the folder eval.orin/eval.run/eval.serve run from (--engines DIR)"
 	@echo "Variables:"
 	@echo "  PYTHON=/usr/bin/python3   install into / run with this interpreter instead of .venv/"
 	@echo "  PYTEST_ARGS='-k foo'      extra pytest arguments for make test"

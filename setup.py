@@ -39,9 +39,12 @@ setup(
         # TensorRT is not installed from PyPI here: on Jetson it comes with
         # JetPack, on x86 from NVIDIA's pip index (see README). cuda-python
         # (the runner's CUDA calls) must not be newer than the driver's CUDA
-        # major: 13.x needs a CUDA 13 driver, JetPack 6 has CUDA 12.6 (12.x
-        # also runs on newer drivers). engines.runners checks it at runtime.
-        "trt": ["cuda-python>=12.6,<13"],
+        # major: 13.x (JetPack 7: CUDA 13) needs a CUDA 13 driver, JetPack 6
+        # has CUDA 12.6 and needs 12.x (12.x also runs on newer drivers), so
+        # a CUDA 12 machine adds the constraint cuda-python<13 (Dockerfile.l4t
+        # does). Both majors import as cuda.bindings.runtime (13 dropped
+        # cuda.cudart). engines.runners checks the major at runtime.
+        "trt": ["cuda-python>=12.6,<14"],
         "jetson": ["jetson-stats", "nvidia-ml-py"],
         "jax": ["jax", "flax", "orbax-checkpoint", "sentencepiece", "msgpack"],
         # eval.run --executor ray: plain ray is enough (ray[default] only adds the dashboard); checked with 2.60

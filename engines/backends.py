@@ -2,14 +2,17 @@
 an activated runner with the ``activate`` / ``infer`` / ``deactivate`` interface. Policies receive the runner
 (the model table in :mod:`eval.policies` assembles them); none builds its own.
 
-- :func:`model_runner`: a model's runner. bc-state (a weights file): ``ort``, ``trt`` or ``torch``; Octo (an
-  :class:`~engines.octo.octo_model.OctoModel`): ``jax`` (the jitted model, on the CPU or on the GPU where JAX has
-  CUDA: the GPU engine where TensorRT is absent), ``ort`` or ``trt`` (its two exported graphs).
+- :func:`model_runner`: a model's runner. bc-state (a weights file): ``ort``, ``trt`` or ``torch``; Octo: from
+  the engines folder (a :class:`~engines.octo.deployed.DeployedOcto`, what a run uses: no JAX) ``ort`` or
+  ``trt`` (its two graphs), or from a loaded :class:`~engines.octo.octo_model.OctoModel` ``jax`` (the jitted
+  model, on the CPU or on the GPU where JAX has CUDA: the GPU engine where TensorRT is absent) or ``ort`` (its
+  graphs exported on first use: tests and benchmarks).
 - :func:`make_runner`: one exported ONNX graph on a graph backend. ``ort``: ONNX Runtime on the CPU
-  (``threads`` intra-op threads; None: the cores this process may use); ``trt``: a TensorRT engine built from
-  the graph on first use for this GPU, TensorRT version and precision, with an optimisation profile of batch
-  1..``max_batch`` (opt 1), cached under ``<cache>/engines`` with a shared timing cache, and checked against
-  its sidecar key on every load (:mod:`engines.trt`).
+  (``threads`` intra-op threads; None: the cores this process may use); ``trt``: the TensorRT engine ``make
+  engines`` built from the graph into the engines folder (:mod:`engines.folder`) for this GPU, TensorRT version,
+  precision and optimisation profile of batch 1..``max_batch`` (opt 1), found by that key and checked against
+  its sidecar (:func:`engines.trt.find_engine`). A run builds no engine: a missing or foreign one is one line
+  naming the command that builds it.
 
 Precision applies to ``ort`` too (:mod:`engines.quantize`): ``int8`` runs the Q/DQ INT8 graph ``make engines``
 built beside the fp32 one (Octo: the backbone; its sampler, 1% of a query, stays fp32); on ``trt``, ``int8``
@@ -98,22 +101,27 @@ def unavailable_reason(backend: str) -> str | None:
     raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
 
 
-def make_runner(onnx_path: str | Path, spec: BackendSpec):
+def make_runner(onnx_path: str | Path, spec: BackendSpec, *, engines: str | Path | None = None,
+                rewritten: bool = False, model: str = ""):
     """An activated runner of ``onnx_path`` on ``spec``'s backend (a runtime :func:`resolve_runtime` resolved,
-    or one a benchmark names; a missing module is one line from :func:`engines.optional.require`)."""
+    or one a benchmark names; a missing module is one line from :func:`engines.optional.require`). ``ort``:
+    ``rewritten`` says the graph is already the one ONNX Runtime loads (make engines rewrote it into the engines
+    folder), else it is rewritten on load (cached). ``trt``: the engine ``make engines`` built from this graph in
+    ``engines`` (default build/engines), found by its key and checked; a run never builds one, and a missing or
+    foreign engine is one line naming the command that builds ``model``'s."""
     from engines.runners import OnnxRuntimeRunner, TensorRtRunner, cpu_count
 
     if spec.backend not in GRAPH_BACKENDS:
         raise ValueError(f"an ONNX graph runs on {', '.join(GRAPH_BACKENDS)}, not {spec.backend!r}")
     onnx_path = Path(onnx_path)
     if spec.backend == "ort":
-        return OnnxRuntimeRunner(onnx_path, "cpu", intra_op_threads=spec.threads or cpu_count()).activate()
-    from engines import trt
-    from engines.cache import engine_dir
+        return OnnxRuntimeRunner(onnx_path, "cpu", intra_op_threads=spec.threads or cpu_count(),
+                                 rewrite=not rewritten).activate()
+    from engines import folder, trt
 
-    out = engine_dir()
-    path = trt.build_engine(onnx_path, out, onnx_path.stem, spec.precision, spec.max_batch,
-                            timing_cache=out / "timing.cache")
+    where = Path(engines) if engines else folder.default_dir()
+    path = trt.find_engine(onnx_path, where, spec.precision, spec.max_batch,
+                           rebuild=folder.build_command(model or "MODEL", where))
     return TensorRtRunner(path, expected_key=trt.system_key(onnx_path, spec.precision, spec.max_batch)).activate()
 
 
@@ -191,9 +199,13 @@ def runtime_reason(asked: str | None, spec: BackendSpec, device_default: bool) -
     return f"TensorRT unavailable ({why}): " + ("JAX (XLA) on the GPU" if spec.backend == "jax" else "ONNX Runtime")
 
 
-def model_runner(model: str, spec: BackendSpec, *, weights: str | Path | None = None, engine=None):
+def model_runner(model: str, spec: BackendSpec, *, weights: str | Path | None = None, engine=None,
+                 engines: str | Path | None = None):
     """The activated runner of ``model`` on ``spec``'s backend: bc-state from its ``weights`` file, Octo from
-    its ``engine``. ``spec`` is a runtime :func:`resolve_runtime` resolved (backend, availability and precision
+    its ``engine`` (a :class:`~engines.octo.deployed.DeployedOcto`: the graphs of its engines folder, what a run
+    uses; or an :class:`~engines.octo.octo_model.OctoModel`: its jitted model, or its graphs exported on first
+    use, for tests and benchmarks). ``engines``: the folder TensorRT engines are read from (default
+    build/engines). ``spec`` is a runtime :func:`resolve_runtime` resolved (backend, availability and precision
     checked there, once)."""
     family = model_family(model)
     if family == "bc-state":
@@ -209,9 +221,24 @@ def model_runner(model: str, spec: BackendSpec, *, weights: str | Path | None = 
         from engines.octo.export import BUILD_DIR
 
         graph = _graph_for(spec, onnx_for_weights(weights, digest), digest, "bc-state", (BUILD_DIR / "bc_state.onnx",))
-        return make_runner(graph, spec)
+        return make_runner(graph, spec, engines=engines, model="bc-state")
+    from dataclasses import replace
+
+    from engines.octo.deployed import DeployedOcto
     from engines.octo.runners import JaxOcto, OnnxOcto
 
+    # the sampler (1% of a query) stays fp32 where the backbone runs INT8 (engines.quantize)
+    sampler_spec = replace(spec, precision="fp32") if spec.precision == "int8" else spec
+    if isinstance(engine, DeployedOcto):
+        if spec.backend not in GRAPH_BACKENDS:
+            raise BackendUnavailable(f"{model} from the engines folder {engine.folder} runs on "
+                                     f"{', '.join(GRAPH_BACKENDS)}; --backend jax loads the checkpoint")
+        parts = {}
+        for part, part_spec in (("backbone", spec), ("sampler", sampler_spec)):
+            graph = engine.graph(part, part_spec.precision, loaded_by=spec.backend)
+            parts[part] = make_runner(graph, part_spec, engines=engine.folder, rewritten=spec.backend == "ort",
+                                      model=model)
+        return OnnxOcto(engine.cfg, parts["backbone"], parts["sampler"]).activate()
     if spec.backend == "jax":
         return JaxOcto(engine).activate()
     from engines.octo.export import onnx_for_octo
@@ -220,16 +247,13 @@ def model_runner(model: str, spec: BackendSpec, *, weights: str | Path | None = 
     require("onnx", "export")
     onnx = onnx_for_octo(engine)
     backbone = onnx.backbone
-    sampler_spec = spec
     if spec.precision == "int8":
-        from dataclasses import replace
-
         from engines.octo.export import BUILD_DIR, file_stem, params_digest
 
         backbone = _graph_for(spec, onnx.backbone, params_digest(engine.params), engine.cfg.name,
                               (BUILD_DIR / f"{file_stem(engine.cfg.name)}_backbone.onnx",))
-        sampler_spec = replace(spec, precision="fp32")  # the sampler stays fp32 (engines.quantize)
-    return OnnxOcto(engine.cfg, make_runner(backbone, spec), make_runner(onnx.sampler, sampler_spec)).activate()
+    return OnnxOcto(engine.cfg, make_runner(backbone, spec, model=model),
+                    make_runner(onnx.sampler, sampler_spec, model=model)).activate()
 
 
 def _check_precision(spec: BackendSpec, model: str | None = None) -> None:

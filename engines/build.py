@@ -4,20 +4,26 @@
     python -m engines.build --precisions fp32,fp16 --batch-max 8
     python -m engines.build --models octo-small --checkpoint-octo-small ~/octo-small-1.5   # a local copy
     python -m engines.build --models octo-small --random-weights   # latency only
-    python -m engines.build --models octo-small --onnx-from DIR   # a Jetson: engines from graphs made on x86
+    python -m engines.build --models octo-small --onnx-from DIR   # a Jetson: engines from a folder made on x86
+    python -m engines.build --models octo-small --instruction "put the blocks away"   # one more embedding
     python -m engines.build --models bc-state --ort-precisions fp32  # no INT8 graphs
 
 Prints a table of what was built, where, and why anything was skipped.
-Outputs go to build/engines/ (ignored by git). Octo (octo-small, octo-base) is
+Outputs go to build/engines/ (ignored by git), the engines folder a run reads alone (:mod:`engines.folder`:
+``manifest.json`` lists every file with its sha256; Octo's entry adds its architecture, dataset statistics,
+the graphs as ONNX Runtime loads them and the T5 embeddings of every instruction of every task list, so that
+a run on ONNX Runtime or TensorRT needs neither the checkpoint nor JAX). Octo (octo-small, octo-base) is
 exported from its released weights (:mod:`engines.hub`: the Hugging Face cache, or
 downloaded into it), or from the folder given (--checkpoint-octo-small DIR), and the
 table names the repo and commit they came from. When they cannot be had the build
 stops before anything is built, in one line naming the repo, the files, the cache
 folder and the flag. Seeded random weights of the exact architecture only with
 --random-weights, marked "random weights (latency only)" on every row and in the
-ONNX metadata. ``--onnx-from DIR`` takes Octo's two graphs
-exported elsewhere (``<model>_backbone.onnx``, ``<model>_sampler.onnx``, e.g. from an x86 machine with JAX)
-instead of exporting them, so that a machine without JAX (the Jetson image) builds their TensorRT engines.
+ONNX metadata. ``--onnx-from DIR`` takes Octo's entry of an engines folder made elsewhere (``python -m
+engines.build --out DIR`` on an x86 machine with JAX), checks every file against its sha256, copies it into
+``--out`` (when that is another folder) and builds the TensorRT engines there, so that a machine without JAX
+(the Jetson image, JetPack 6) gets a whole engines folder. TensorRT engines are built for the batch profile a
+run uses (``engines.backends.MODEL_RUNTIMES``; ``--batch-max`` for another) and listed in the manifest.
 
 Beside each fp32 graph it builds the INT8 Q/DQ graph ONNX Runtime runs as ``--precision int8``
 (``<stem>.int8.onnx``, :mod:`engines.quantize`; Octo: the backbone), calibrated on the benchmark's own dev
@@ -61,6 +67,17 @@ def _bc_state_onnx(out: Path, args) -> list[tuple[str, Path, str]]:
     return [("onnx", export_onnx(model, config, path, source=source), "")]
 
 
+def _bc_state_entry(built: list, int8: Path | None) -> tuple[dict, list[str]]:
+    """bc-state's entry of the engines folder: its graph (and INT8 copy) and the weights it was exported from."""
+    from engines.bc_mlp import DEFAULT_WEIGHTS
+    from engines.onnx_utils import sha256_file
+
+    graphs = {"model": built[0][1].name, **({"model_int8": int8.name} if int8 is not None else {})}
+    entry = {"model": "bc-state", "family": "bc-state", "graphs": graphs, "random_weights": False,
+             "weights": {"file": DEFAULT_WEIGHTS.name, "sha256": sha256_file(DEFAULT_WEIGHTS)}}
+    return entry, sorted(graphs.values())
+
+
 def _metadata_or_none(path: Path) -> dict:
     from engines.onnx_utils import BadModelFileError, metadata
 
@@ -73,61 +90,77 @@ def _metadata_or_none(path: Path) -> dict:
 def _octo_onnx(model: str):
     def export(out: Path, args) -> list[tuple[str, Path, str]]:
         if args.onnx_from:
-            return _octo_exported(model, Path(args.onnx_from))
+            return _octo_exported(model, Path(args.onnx_from), out, args)
         from engines.optional import require
 
         for module in ("jax", "jax2onnx", "onnx"):
             require(module, "jax" if module == "jax" else "export")
-        from engines.octo.checkpoint import load
-        from engines.octo.config import PRESETS
         from engines.octo.export import export_octo, file_stem, matching_export, params_digest, source_files
-        from engines.octo.params import init_params
+        from engines.octo.octo_model import OctoModel
 
-        files = args.octo_weights.get(model)  # resolved before anything was built (main)
-        if files is not None:  # its errors are one line
-            c = load(files.folder, model=model, expect=PRESETS[model]())
-            cfg, params, source = c.config, c.params, f"{files.where}@{c.step}"
+        weights = args.octo_weights.get(model)  # resolved before anything was built (main)
+        if weights is not None:  # its errors are one line
+            engine = OctoModel.load(model, weights=weights)
         else:
-            cfg = PRESETS[model]()
-            params = init_params(cfg, args.seed, with_t5=False)
-            source = f"random-weights:{model}:seed{args.seed}"
-        digest = params_digest(params)
-        weights = source_files(files)
+            engine = OctoModel.load(model, random_weights=True, seed=args.seed)
+        args.octo_models[model] = engine
+        digest = params_digest(engine.params)
+        files = source_files(weights.checkpoint if weights is not None else None)
         onnx = matching_export(out, file_stem(model), digest,  # these weights exported before: nothing to do
-                               weights_sha256=weights["sha256"] if weights else None)
+                               weights_sha256=files["sha256"] if files else None)
         note = " (unchanged)" if onnx else ""
         if onnx is None:
-            onnx = export_octo(cfg, params, out, file_stem(model), source=source, random_weights=files is None,
-                               digest=digest, progress=True, weights=weights)
+            onnx = export_octo(engine.cfg, engine.params, out, file_stem(model), source=engine.identity,
+                               random_weights=weights is None, digest=digest, progress=True, weights=files)
         return [("onnx backbone", onnx.backbone, note), ("onnx sampler", onnx.sampler, note)]
 
     return export
 
 
 def _octo_weights(models: list[str], args) -> dict:
-    """The released weights (or --checkpoint-<model> DIR) of each Octo model to export, resolved before anything
-    is built: cache, else download; one-line errors (engines.hub) with the flag to point at a copy."""
+    """The released weights (or --checkpoint-<model> DIR) of each Octo model to export, and t5-base's tokenizer,
+    resolved before anything is built: cache, else download; one-line errors (engines.hub) with the flag to
+    point at a copy."""
     from engines.optional import require
 
     require("jax", "jax")
-    from engines.octo.checkpoint import RANDOM_FLAG, resolve
+    from engines.octo.checkpoint import RANDOM_FLAG, OctoWeights, resolve
+    from engines.octo.text import resolve_spiece
 
-    return {m: resolve(m, getattr(args, f"checkpoint_{m.replace('-', '_')}"), local_flag=f"--checkpoint-{m} DIR",
-                       also=RANDOM_FLAG)
-            for m in models}
+    out = {}
+    for m in models:
+        files = resolve(m, getattr(args, f"checkpoint_{m.replace('-', '_')}"), local_flag=f"--checkpoint-{m} DIR",
+                        also=RANDOM_FLAG)
+        out[m] = OctoWeights(files, resolve_spiece(files))
+    return out
 
 
-def _octo_exported(model: str, folder: Path) -> list[tuple[str, Path, str]]:
-    """Octo's two graphs as exported elsewhere, checked (ONNX checker, this project's export format); no JAX."""
-    from engines.octo.export import EXPORT_FORMAT, file_stem
+def _octo_exported(model: str, folder: Path, out: Path, args) -> list[tuple[str, Path, str]]:
+    """Octo's engines-folder entry as made elsewhere (``python -m engines.build --out DIR`` on a machine with JAX),
+    checked (every file's sha256, the ONNX checker, this project's export format) and copied into ``out`` when
+    that is another folder; no JAX."""
+    import shutil
+
+    from engines import folder as engines_folder
+    from engines.octo.export import EXPORT_FORMAT
     from engines.onnx_utils import check_onnx_file, metadata
 
+    try:
+        entry = engines_folder.model_entry(folder, model)
+    except engines_folder.EnginesFolderError as e:
+        raise FileNotFoundError(f"{e} (on a machine with JAX: python -m engines.build --models {model} --out DIR, "
+                                f"then copy DIR here)") from None
+    engines = entry.get("tensorrt") or {}  # engines built there are for its GPU: never copied
+    made_there = set(engines) | {Path(n).with_suffix(".json").name for n in engines}
+    entry = {**entry, "tensorrt": {}, "files": {n: sha for n, sha in entry["files"].items() if n not in made_there}}
+    if folder.resolve() != out.resolve():
+        for name in entry["files"]:
+            shutil.copy2(folder / name, out / name)
+    args.octo_entries[model] = entry
     rows = []
+    graphs = entry.get("graphs") or {}
     for part in ("backbone", "sampler"):
-        path = folder / f"{file_stem(model)}_{part}.onnx"
-        if not path.is_file():
-            raise FileNotFoundError(f"no {path}: export it on a machine with JAX (python -m engines.build --models "
-                                    f"{model} --out DIR) and copy both graphs into {folder}")
+        path = out / graphs[part]
         check_onnx_file(path)
         meta = metadata(path)
         if meta.get("format") != EXPORT_FORMAT:
@@ -136,6 +169,68 @@ def _octo_exported(model: str, folder: Path) -> list[tuple[str, Path, str]]:
         note = f"; {RANDOM_WEIGHTS_LABEL}" if meta.get("latency_only") == "true" else ""
         rows.append((f"onnx {part}", path, f" (exported elsewhere){note}"))
     return rows
+
+
+def _octo_entry(model: str, out: Path, built: list, int8: Path | None, args) -> tuple[dict, list[str]]:
+    """Octo's entry of the engines folder (:mod:`engines.folder`) and its files: the graphs (and the graphs as ONNX
+    Runtime loads them), the architecture, the dataset statistics and the embeddings of every instruction."""
+    if model in args.octo_entries:  # --onnx-from: the entry made where the graphs were exported
+        entry = args.octo_entries[model]
+        return entry, list(entry["files"])
+    import json
+
+    from engines.octo.config import config_to_dict
+    from engines.octo.deployed import embeddings_file, statistics_file
+    from engines.octo.export import file_stem, params_digest, source_files
+    from engines.octo.optimize import ort_optimized
+
+    engine = args.octo_models[model]
+    stem = file_stem(model)
+    graphs = {part.removeprefix("onnx ").strip(): path.name for part, path, _ in built}
+    if int8 is not None:
+        graphs["backbone_int8"] = int8.name
+    for name in list(graphs):  # the graph as ONNX Runtime loads it, rewritten once here (engines.octo.optimize)
+        rewritten = ort_optimized(out / graphs[name], cache=out)
+        graphs[f"{name}_ort"] = rewritten.name
+    stats = out / statistics_file(stem)
+    text = json.dumps(engine.dataset_statistics, indent=1, sort_keys=True) + "\n"
+    if not stats.is_file() or stats.read_text() != text:
+        stats.write_text(text)
+    t5_sha, emb = _embeddings(engine, out / embeddings_file(stem), args.instruction or [])
+    weights = engine.weights.to_json() if engine.weights is not None else None
+    entry = {"model": model, "family": "octo", "config": config_to_dict(engine.cfg), "graphs": graphs,
+             "statistics": stats.name, "embeddings": emb.name, "t5_sha256": t5_sha,
+             "params_sha256": params_digest(engine.params), "random_weights": engine.random_weights,
+             "source": engine.identity, "weights": weights,
+             "checkpoint_files_sha256": source_files(engine.weights.checkpoint)["sha256"] if weights else None}
+    return entry, sorted(set(graphs.values())) + [stats.name, emb.name]
+
+
+def _embeddings(engine, path: Path, extra: list[str]) -> tuple[str, Path]:
+    """T5 embeddings of every instruction the benchmark's task lists say (and ``extra``), kept in ``path`` with the
+    T5 weights' and tokenizer's digest; only instructions not there yet (or all, for other T5 weights) are
+    encoded."""
+    from env.task import all_instructions
+    from engines.octo.deployed import read_embeddings, text_key, write_embeddings
+    from engines.octo.export import t5_digest
+
+    t5_sha = t5_digest(engine)
+    texts = sorted(set(all_instructions()) | set(extra))
+    have: dict = {}
+    if path.is_file():
+        try:
+            meta, arrays = read_embeddings(path)
+            if meta.get("t5_sha256") == t5_sha:
+                have = {t: arrays[text_key(t)] for t in meta.get("texts", []) if text_key(t) in arrays}
+        except ValueError:
+            have = {}
+    if set(texts) <= set(have):
+        return t5_sha, path
+    for t in texts:
+        if t not in have:
+            have[t] = engine.embed(t)
+    write_embeddings(path, have, t5_sha)
+    return t5_sha, path
 
 
 class Skipped(Exception):
@@ -254,7 +349,10 @@ def main(argv=None) -> int:
     p.add_argument("--precisions", default="fp32,fp16", help="TensorRT precisions (fp32, fp16, int8, fp8)")
     p.add_argument("--ort-precisions", default=",".join(ORT_PRECISIONS), help="ONNX Runtime graphs: fp32 (the "
                    "export), int8 (its Q/DQ copy, calibrated on dev tries), bf16 (listed as skipped: no CPU kernels)")
-    p.add_argument("--batch-max", type=int, default=1, help="largest batch of the optimisation profile")
+    p.add_argument("--batch-max", type=int, default=None, help="largest batch of the TensorRT optimisation profile "
+                   "(default: the one a run's profile has, engines.backends.MODEL_RUNTIMES: bc-state 256, Octo 64)")
+    p.add_argument("--instruction", action="append", metavar="TEXT", help="Octo: also compute the T5 embedding of "
+                   "this instruction (repeatable; every instruction of the benchmark's task lists is always there)")
     p.add_argument("--checkpoint-octo-small", metavar="DIR", help="a local copy of octo-small-1.5 (default: the "
                    "released weights, from the Hugging Face cache or downloaded into it)")
     p.add_argument("--checkpoint-octo-base", metavar="DIR", help="a local copy of octo-base-1.5 (default: the "
@@ -272,10 +370,14 @@ def main(argv=None) -> int:
     if unknown:
         print(f"error: unknown model {', '.join(unknown)}; valid: {', '.join(EXPORTS)}", file=sys.stderr)
         return 2
-    if args.batch_max < 1:
+    if args.batch_max is not None and args.batch_max < 1:
         print(f"error: --batch-max must be at least 1, got {args.batch_max}", file=sys.stderr)
         return 2
+    from dataclasses import asdict
+
     from engines import quantize, trt
+    from engines.backends import MODEL_RUNTIMES, model_family
+    from engines.folder import add_files, write_entry
 
     precisions = [x for x in args.precisions.split(",") if x]
     bad = [x for x in precisions if x not in trt.PRECISIONS]
@@ -293,6 +395,7 @@ def main(argv=None) -> int:
         print("error: --random-weights excludes --checkpoint-octo-small/--checkpoint-octo-base", file=sys.stderr)
         return 2
     args.octo_weights = {}
+    args.octo_models, args.octo_entries = {}, {}  # Octo models loaded for the folder's entries; entries made elsewhere
     weights_rows = []
     if octo and not args.random_weights and not args.onnx_from:
         from engines.hub import HubError
@@ -304,7 +407,8 @@ def main(argv=None) -> int:
         except (HubError, OctoError, MissingDependencyError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        weights_rows += [(m, "weights", "resolved", f.where + (f" in {f.folder}" if f.repo else ""))
+        weights_rows += [(m, "weights", "resolved", f.checkpoint.where + (f" in {f.checkpoint.folder}"
+                                                                           if f.checkpoint.repo else ""))
                          for m, f in args.octo_weights.items()]
     elif octo and args.random_weights:
         weights_rows += [(m, "weights", "random", f"seed {args.seed}") for m in octo]
@@ -324,12 +428,12 @@ def main(argv=None) -> int:
             try:
                 with timer.stage(name, "export"):
                     built = EXPORTS[name](out, args)
-                if name in ("octo-small", "octo-base"):  # the load-time rewrite ONNX Runtime runs, made now, cached
+                if name in ("octo-small", "octo-base") and not args.onnx_from:
                     from engines.octo.optimize import ort_optimized
 
-                    with timer.stage(name, "optimise"):
+                    with timer.stage(name, "optimise"):  # the load-time rewrite ONNX Runtime runs, into the folder
                         for _, path, _ in built:
-                            ort_optimized(path)
+                            ort_optimized(path, cache=out)
             except Skipped as e:
                 by_model[name].append((name, "onnx", "skipped", str(e)))
                 continue
@@ -342,6 +446,7 @@ def main(argv=None) -> int:
             exported[name] = built
         for name, built in exported.items():
             rows = by_model[name]
+            int8 = None
             if "int8" in ort_precisions and name in quantize.INT8_REFUSED:
                 rows.append((name, "onnx int8", "skipped", quantize.INT8_REFUSED[name]))
             elif "int8" in ort_precisions:
@@ -349,6 +454,7 @@ def main(argv=None) -> int:
                     artifact, path = _int8(name, built, timer, args.queries_dir, jobs,
                                            args.onnx_from if name in ("octo-small", "octo-base") else None)
                     rows.append((name, artifact, "built", str(path)))
+                    int8 = path
                 except Skipped as e:
                     rows.append((name, "onnx int8", "skipped", str(e)))
                 except Exception as e:  # noqa: BLE001
@@ -357,6 +463,14 @@ def main(argv=None) -> int:
                 from engines.quantize import ort_bf16_reason
 
                 rows.append((name, "onnx bf16", "skipped", ort_bf16_reason() or "this project builds no bf16 graph"))
+            try:  # the folder's entry first: the run reads it (engines.folder); the engines are added as built
+                entry, files = (_octo_entry(name, out, built, int8, args) if name in ("octo-small", "octo-base")
+                                else _bc_state_entry(built, int8))
+                write_entry(out, name, entry, files)
+            except Exception as e:  # noqa: BLE001
+                rows.append((name, "manifest", "failed", (str(e).strip().splitlines() or [type(e).__name__])[0]))
+                continue
+            batch_max = args.batch_max or MODEL_RUNTIMES[model_family(name)].trt_batch_max  # what a run's profile is
             for artifact, path, _ in built:
                 part = artifact.removeprefix("onnx").strip()
                 for precision in precisions:
@@ -364,10 +478,16 @@ def main(argv=None) -> int:
                     if reason:
                         rows.append((name, label, "skipped", reason))
                         continue
+                    graph = path
+                    if precision == "int8" and int8 is not None and quantize.int8_name(path) == int8:
+                        graph = int8  # TensorRT's INT8 from the Q/DQ graph, as a run asks for it
                     try:
                         with timer.stage(name, "tensorrt"):
-                            engine = trt.build_engine(path, out, path.stem, precision, args.batch_max,
+                            engine = trt.build_engine(graph, out, graph.stem, precision, batch_max,
                                                       timing_cache=out / "timing.cache")
+                        key = trt.read_sidecar(engine)
+                        add_files(out, name, {engine.name: asdict(key), engine.with_suffix(".json").name: None},
+                                  key="tensorrt")
                         rows.append((name, label, "built", str(engine)))
                     except Exception as e:  # noqa: BLE001
                         rows.append((name, label, "failed", (str(e).strip().splitlines() or [type(e).__name__])[0]))

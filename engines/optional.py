@@ -17,9 +17,9 @@ OPTIONAL = {
     "tensorrt": "on Jetson it comes with JetPack (apt install python3-libnvinfer); on x86: "
                 "pip install --extra-index-url https://pypi.nvidia.com tensorrt-cu12",
     # the CUDA major of the platform's driver: 12 on JetPack 6 (CUDA 12.6); 13.x needs a CUDA 13 driver
-    "cuda": "pip install -e '.[trt]' (cuda-python>=12.6,<13)",
-    "cuda.cudart": "pip install -e '.[trt]' (cuda-python>=12.6,<13)",
-    "cuda.bindings": "pip install -e '.[trt]' (cuda-python>=12.6,<13)",
+    "cuda": "pip install -e '.[trt]' (cuda-python>=12.6,<14: 12.x for a CUDA 12 driver, 13.x for CUDA 13)",
+    "cuda.cudart": "pip install -e '.[trt]' (cuda-python>=12.6,<14: 12.x for a CUDA 12 driver, 13.x for CUDA 13)",
+    "cuda.bindings": "pip install -e '.[trt]' (cuda-python>=12.6,<14: 12.x for a CUDA 12 driver, 13.x for CUDA 13)",
     "jtop": "pip install -e '.[jetson]'",
     "pynvml": "pip install nvidia-ml-py",
     "ray": "pip install -e '.[ray]'",

@@ -211,8 +211,13 @@ class JaxRunner(Runner):
 
 # ------------------------------------------------------------------ TensorRT
 # cuda-python's major is the CUDA major it was built for; a newer major than the driver's cannot run
-# (cuda-python 13 needs a CUDA 13 driver; JetPack 6 has CUDA 12.6). setup.py's trt extra pins 12.x.
-CUDA_PYTHON_SPEC = "cuda-python>=12.6,<13"
+# (cuda-python 13 needs a CUDA 13 driver: JetPack 7; JetPack 6 has CUDA 12.6). setup.py's trt extra admits both.
+CUDA_PYTHON_SPEC = "cuda-python>=12.6,<14"
+
+
+def cuda_python_spec(driver_major: int) -> str:
+    """The cuda-python a CUDA ``driver_major`` driver runs: 12.x up to CUDA 12, the driver's own major after."""
+    return "cuda-python>=12.6,<13" if driver_major <= 12 else f"cuda-python>={driver_major},<{driver_major + 1}"
 
 
 def _cuda_python_version(cudart) -> str | None:
@@ -246,7 +251,7 @@ def check_cuda_python(bindings_version: str | None, driver_version: int) -> None
     if bindings_major > driver_major:
         raise TensorRTUnavailable(
             f"cuda-python {bindings_version} needs a CUDA {bindings_major} driver, this one is CUDA "
-            f"{driver_major}.{driver_version % 1000 // 10}; install: pip install '{CUDA_PYTHON_SPEC}'")
+            f"{driver_major}.{driver_version % 1000 // 10}; install: pip install '{cuda_python_spec(driver_major)}'")
 
 
 @functools.lru_cache(maxsize=1)
@@ -262,7 +267,8 @@ def _cudart():
             from engines.optional import MissingDependencyError
 
             raise MissingDependencyError(f"cuda-python is not installed; install it with: pip install "
-                                         f"'{CUDA_PYTHON_SPEC}' (or: pip install -e '.[trt]')") from None
+                                         f"'{CUDA_PYTHON_SPEC}' (or: pip install -e '.[trt]'; on a CUDA 12 driver, JetPack 6: "
+                                         f"cuda-python<13)") from None
     check_cuda_python(_cuda_python_version(cudart), int(_cuda_check(cudart.cudaDriverGetVersion(),
                                                                     "cudaDriverGetVersion")))
     return cudart
@@ -348,6 +354,28 @@ def _device_pointer(value, name: str = "input", dtype=None) -> DeviceFeed | None
     return feed
 
 
+def _frozen(a: np.ndarray) -> bool:
+    """Whether a host array's contents cannot change: read-only, and so is every array it views, down to an
+    owner that is none (its own memory), ``bytes`` or a read-only memoryview (e.g. a JAX array's buffer)."""
+    while isinstance(a, np.ndarray):
+        if a.flags.writeable:
+            return False
+        a = a.base
+    return a is None or isinstance(a, bytes) or (isinstance(a, memoryview) and a.readonly)
+
+
+def h2d_of(runner: Any) -> tuple[int | None, float | None]:
+    """(bytes, ms) a runner copied from host to device in its last call: its own ``last_h2d_bytes`` and
+    ``last_h2d_ms`` where it keeps them (:class:`TensorRtRunner`, :class:`engines.octo.runners.OnnxOcto`); (0, None)
+    for ONNX Runtime on the CPU alone (no device, nothing to time); (None, None) for the rest (unknown: JAX,
+    ONNX Runtime on CUDA, which copies inside its session)."""
+    if hasattr(runner, "last_h2d_bytes"):
+        return runner.last_h2d_bytes, getattr(runner, "last_h2d_ms", None)
+    if tuple(getattr(runner, "providers", ())) == ORT_PROVIDERS["cpu"]:
+        return 0, None
+    return None, None
+
+
 class TensorRtRunner(Runner):
     """A serialized TensorRT engine run with ``execute_async_v3`` on its own CUDA stream.
 
@@ -365,7 +393,17 @@ class TensorRtRunner(Runner):
     replay never reads a stale pointer. ``counter`` (a
     :class:`engines.zero_copy.CopyCounter`) counts the bytes of host feeds
     copied to the device (device feeds count 0; outputs, which always come
-    back, are not counted). ``expected_key`` (an
+    back, are not counted) and their device time.
+
+    Host-to-device traffic: a host feed that is the very array object copied into that input's device
+    buffer last time, and frozen (read-only, and so is whatever it views: :func:`_frozen`), is not copied
+    again; the runner keeps a reference to it (not its id, which a new array could reuse), so its contents
+    are still the buffer's. A policy makes what is fixed for a try (Octo's language embedding, goal images)
+    such an array once and passes that same object on every query. After each ``infer``:
+    ``last_h2d_bytes`` is the host bytes copied to the device by that call, ``last_h2d_ms`` the device time
+    of those copies, measured with CUDA events recorded on the runner's stream just before the first and
+    just after the last copy (0.0 when nothing was copied; a host clock around asynchronous copies would
+    time their enqueueing, not the copies). ``expected_key`` (an
     :class:`engines.trt.EngineKey`) refuses an engine built for another system
     before deserialising it. tensorrt and cuda-python are imported on activate.
     """
@@ -380,6 +418,10 @@ class TensorRtRunner(Runner):
         self.cuda_graph = cuda_graph
         self.counter = counter
         self.last_gpu_ms: float | None = None
+        self.last_h2d_bytes: int | None = None  # host bytes copied to the device by the last infer
+        self.last_h2d_ms: float | None = None  # device time of those copies (CUDA events), ms
+        self._fed: dict[str, np.ndarray] = {}  # input -> the frozen host array its device buffer holds
+        self._h2d_timed = False
 
     def _activate(self) -> None:
         from engines import trt as trt_cache
@@ -422,10 +464,14 @@ class TensorRtRunner(Runner):
         self._sync = _cuda_check(cudart.cudaEventCreate(), "cudaEventCreate")  # waits on a producer's stream
         self.start = _cuda_check(cudart.cudaEventCreate(), "cudaEventCreate")
         self.stop = _cuda_check(cudart.cudaEventCreate(), "cudaEventCreate")
+        self.h2d_start = _cuda_check(cudart.cudaEventCreate(), "cudaEventCreate")  # around the host copies
+        self.h2d_stop = _cuda_check(cudart.cudaEventCreate(), "cudaEventCreate")
+        self._fed = {}
 
     def _buffer(self, name: str, shape, dtype) -> DeviceBuffer:
         buf = self.buffers.get(name)
         if buf is None or buf.shape != tuple(shape) or buf.dtype != np.dtype(dtype):
+            self._fed.pop(name, None)  # a new buffer holds nothing yet
             if buf is not None:
                 buf.free()
             buf = self.buffers[name] = DeviceBuffer(tuple(shape), dtype)
@@ -441,14 +487,13 @@ class TensorRtRunner(Runner):
         return f"TensorRT engine {self.engine_path.name} refused shape {tuple(shape)} for input {name!r}{allowed}"
 
     def _bind(self, feeds) -> tuple:
-        """Set every input's shape and address (host feeds copied in), every output's address; returns the
-        key of this binding: shapes and addresses."""
+        """Set every input's shape and address (host feeds copied in, unless the buffer holds that frozen
+        array already), every output's address; returns the key of this binding: shapes and addresses."""
         cudart, trt = self.cudart, self.trt
-        h2d = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
         missing = [n for n in self.inputs if n not in feeds]
         if missing:
             raise ValueError(f"TensorRT engine {self.engine_path.name} needs inputs {', '.join(missing)}")
-        key = []
+        key, copies = [], []
         for name in self.inputs:
             value = feeds[name]
             dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype(name)))
@@ -462,10 +507,8 @@ class TensorRtRunner(Runner):
                 raise ValueError(self._shape_error(name, shape))
             if dev is None:
                 buf = self._buffer(name, shape, dtype)
-                _cuda_check(cudart.cudaMemcpyAsync(buf.ptr, host.ctypes.data, host.nbytes, h2d, self.stream),
-                            f"copy of input {name!r} to the device")
-                if self.counter is not None:
-                    self.counter.add_h2d(host.nbytes)
+                if self._fed.get(name) is not host or not _frozen(host):  # the buffer lacks this frozen array
+                    copies.append((name, buf, host))
                 ptr = buf.ptr
             else:
                 ptr = dev.ptr
@@ -477,6 +520,7 @@ class TensorRtRunner(Runner):
             if not self.context.set_tensor_address(name, ptr):
                 raise ValueError(f"TensorRT engine {self.engine_path.name} refused address {ptr:#x} for input {name!r}")
             key.append((name, shape, ptr))
+        self._copy_in(copies)
         for name in self.outputs:
             shape = tuple(int(d) for d in self.context.get_tensor_shape(name))
             if any(d < 0 for d in shape):
@@ -488,6 +532,27 @@ class TensorRtRunner(Runner):
                                    f"for output {name!r}")
             key.append((name, shape, buf.ptr))
         return tuple(key)
+
+    def _copy_in(self, copies: list) -> None:
+        """Copy host feeds into their device buffers on the stream, between the two H2D events; then
+        remember the frozen ones (only now: a binding that failed before copying leaves nothing to trust)."""
+        cudart = self.cudart
+        h2d = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+        self.last_h2d_bytes, self._h2d_timed = 0, bool(copies)
+        if not copies:
+            return
+        _cuda_check(cudart.cudaEventRecord(self.h2d_start, self.stream), "cudaEventRecord")
+        for name, buf, host in copies:
+            self._fed.pop(name, None)
+            _cuda_check(cudart.cudaMemcpyAsync(buf.ptr, host.ctypes.data, host.nbytes, h2d, self.stream),
+                        f"copy of input {name!r} to the device")
+            self.last_h2d_bytes += host.nbytes
+            if self.counter is not None:
+                self.counter.add_h2d(host.nbytes)
+        _cuda_check(cudart.cudaEventRecord(self.h2d_stop, self.stream), "cudaEventRecord")
+        for name, _, host in copies:
+            if _frozen(host):
+                self._fed[name] = host  # a reference: the object (and so its id) stays alive
 
     def _enqueue(self) -> None:
         if not self.context.execute_async_v3(self.stream):
@@ -518,6 +583,7 @@ class TensorRtRunner(Runner):
     def _infer(self, feeds):
         cudart = self.cudart
         d2h = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        self.last_h2d_bytes = self.last_h2d_ms = None
         key = self._bind(feeds)
         _cuda_check(cudart.cudaEventRecord(self.start, self.stream), "cudaEventRecord")
         if self.cuda_graph and key in self.graphs:
@@ -538,6 +604,10 @@ class TensorRtRunner(Runner):
         _cuda_check(cudart.cudaStreamSynchronize(self.stream), f"TensorRT run of {self.engine_path.name}")
         self.last_gpu_ms = float(_cuda_check(cudart.cudaEventElapsedTime(self.start, self.stop),
                                              "cudaEventElapsedTime"))
+        self.last_h2d_ms = float(_cuda_check(cudart.cudaEventElapsedTime(self.h2d_start, self.h2d_stop),
+                                             "cudaEventElapsedTime")) if self._h2d_timed else 0.0
+        if self.counter is not None:
+            self.counter.add_h2d_ms(self.last_h2d_ms)
         return hosts
 
     def _deactivate(self) -> None:
@@ -546,8 +616,9 @@ class TensorRtRunner(Runner):
         for buf in getattr(self, "buffers", {}).values():
             buf.free()
         self.buffers = {}
+        self._fed = {}
         if getattr(self, "stream", None) is not None:
-            for event in (self._sync, self.start, self.stop):
+            for event in (self._sync, self.start, self.stop, self.h2d_start, self.h2d_stop):
                 self.cudart.cudaEventDestroy(event)
             self.cudart.cudaStreamDestroy(self.stream)
             self.stream = None

@@ -233,6 +233,25 @@ def check_engine(engine_path: Path, expected: EngineKey) -> None:
                                   "rebuild it with: make engines")
 
 
+def find_engine(onnx_path: str | Path, folder: str | Path, precision: str, batch_max: int,
+                rebuild: str = "make engines") -> Path:
+    """The engine ``make engines`` built in ``folder`` for this graph, precision and batch profile on this GPU
+    and TensorRT (found by its key, whatever the graph's file name), checked against its sidecar. A run never
+    builds one: a missing or foreign engine is one line naming ``rebuild``, the command that builds it."""
+    key = system_key(onnx_path, precision, batch_max)
+    folder = Path(folder)
+    suffix = key.file_stem("")  # "_<precision>_trt<major>_b<max>_p<profile>_<graph sha>"
+    found = sorted(folder.glob(f"*{suffix}.engine"))
+    if not found:
+        raise EngineMismatchError(f"no TensorRT engine of {Path(onnx_path).name} ({precision}, batch 1..{batch_max}, "
+                                  f"TensorRT {key.tensorrt}, {key.gpu}) in {folder}; build it with: {rebuild}")
+    try:
+        check_engine(found[0], key)
+    except EngineMismatchError as e:
+        raise EngineMismatchError(str(e).replace("make engines", rebuild)) from None
+    return found[0]
+
+
 # ------------------------------------------------------------------ fp16 graph (strongly typed TensorRT)
 # Ops kept in float32, with Casts around them: their ONNX schemas take no float16 in some input (Resize and
 # Upsample scales, Range) or they make float32 unless told otherwise (the Random* ops' dtype defaults to it).

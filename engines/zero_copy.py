@@ -42,17 +42,23 @@ def is_torch_tensor(x: Any) -> bool:
 
 @dataclass
 class CopyCounter:
-    """Host<->device bytes per control step; the report says 0 when no frame moved."""
+    """Host<->device bytes per control step; the report says 0 when no frame moved. ``h2d_ms``: the device
+    time of the host-to-device copies, where the copier can time them (TensorRtRunner: CUDA events around
+    its copies); 0.0 where nothing was timed."""
 
     h2d_bytes: int = 0
     d2h_bytes: int = 0
     host_copy_bytes: int = 0  # copies within host memory (layout or dtype changes), for completeness
+    h2d_ms: float = 0.0  # device time of the timed host-to-device copies
     per_step: list[int] = field(default_factory=list)  # host<->device bytes of each finished step
     _step_bytes: int = 0
 
     def add_h2d(self, n: int) -> None:
         self.h2d_bytes += n
         self._step_bytes += n
+
+    def add_h2d_ms(self, ms: float) -> None:
+        self.h2d_ms += ms
 
     def add_d2h(self, n: int) -> None:
         self.d2h_bytes += n

@@ -127,6 +127,13 @@ INSTRUCTION = "put the {shape} block into the {shape} hole"
 INSTRUCTION_FULL_BOARD = "put every block into its matching hole"
 
 
+def all_instructions() -> tuple[str, ...]:
+    """Every instruction a try of any task list says: one per target shape, and the full board's."""
+    from env.geometry import SHAPES
+
+    return tuple(INSTRUCTION.format(shape=s) for s in SHAPES) + (INSTRUCTION_FULL_BOARD,)
+
+
 def _mesh_cache_dir() -> Path:
     path = cache_root() / "meshes"
     path.mkdir(parents=True, exist_ok=True)

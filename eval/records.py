@@ -27,6 +27,11 @@ HANG_FLAGS = {"policy": "policy_hang", "sim": "sim_hang"}
 UNFINISHED_FLAGS = (*HANG_FLAGS.values(), "actor_died")
 # every flag a record can hold, in the order reports list them
 FLAG_NAMES = ("wrong_hole", "rim", "penetration", "glitch", "dropped", *UNFINISHED_FLAGS)
+# host-to-device traffic per model query (eval.policies.base.Policy.host_traffic), beside infer_ms: mean bytes
+# copied from host to device per timed query, and the median device time of those copies (ms); absent where
+# the runner reports none (JAX, a bare ONNX Runtime runner, a served model); Octo on ONNX Runtime on the CPU has
+# bytes 0 and no time. Single-scene tries only, as infer_ms (a batch's tries share its calls)
+HOST_TRAFFIC_FIELDS = ("h2d_bytes_per_query", "h2d_ms_p50")
 
 
 @functools.lru_cache(maxsize=1)
@@ -75,6 +80,10 @@ class TryRecord:
     infer_ms: tuple[float, ...] = ()  # every query after warm-up (empty for batched scenes: see batches.jsonl)
     warmup_ms: tuple[float, ...] = ()  # a fresh policy's first queries
     infer_queries: int = 0  # all queries, warm-up included
+    # host-to-device traffic of the queries in infer_ms (HOST_TRAFFIC_FIELDS; None: not reported). The policy
+    # hands them over with its fields (Policy.record_fields): taken out of policy_fields into these
+    h2d_bytes_per_query: float | None = None
+    h2d_ms_p50: float | None = None
     step_ms: dict[str, float] = field(default_factory=dict)  # per-stage totals of the try's control steps
     num_envs: int = 1  # scenes stepped together (written when more than one)
     model: str | None = None
@@ -85,6 +94,20 @@ class TryRecord:
     appearance: int | None = None  # the appearance version of a camera model's frames (env.appearance)
     weights: dict | None = None  # the released files the model loaded: repo, commit, each file's sha256
     policy_fields: dict[str, Any] = field(default_factory=dict)  # what the policy adds (Policy.record_fields)
+
+    def __post_init__(self) -> None:
+        fields = dict(self.policy_fields)
+        for key in HOST_TRAFFIC_FIELDS:
+            value = fields.pop(key, None)
+            if getattr(self, key) is None and value is not None:
+                object.__setattr__(self, key, value)
+            value = getattr(self, key)
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
+                        or not np.isfinite(value) or value < 0:
+                    raise ValueError(f"try record: {key} must be a finite number >= 0 or None, got {value!r}")
+                object.__setattr__(self, key, float(value))
+        object.__setattr__(self, "policy_fields", fields)
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -97,6 +120,9 @@ class TryRecord:
             "infer_ms": _sig3(self.infer_ms),
             "infer_ms_mean": round(float(np.mean(self.infer_ms)), 4) if self.infer_ms else None,
         }
+        for key in HOST_TRAFFIC_FIELDS:  # beside the latency, only where the runner reported them
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
         if self.finished:
             d.update({
                 "target": self.target,

@@ -175,6 +175,9 @@ class OctoConfig(ModelConfig):
                                         "Q/DQ graph make engines builds; bf16 is refused: ONNX Runtime's CPU has no "
                                         "bf16 kernels); trt fp32, fp16, int8, fp8 (default: the model's own); jax "
                                         "and torch fp32")
+    engines: str | None = option(help="the engines folder make engines wrote (default build/engines): on ort and trt "
+                                      "the model runs from it alone (graphs, TensorRT engines, Octo's statistics and "
+                                      "instruction embeddings; no checkpoint, no JAX, nothing built)", metavar="DIR")
     track: ClassVar[str] = "frozen"
     observes: ClassVar[str] = "cameras"
     family: ClassVar[str | None] = "octo"
@@ -189,6 +192,7 @@ class OctoConfig(ModelConfig):
             parse_repo(self.checkpoint)  # hf://ORG/NAME or a folder; a malformed repo is one line now
         if self.goal_image not in (None, "solved"):  # workers (and Ray actors) read it by absolute path
             object.__setattr__(self, "goal_image", str(Path(self.goal_image).expanduser().resolve()))
+        _absolute_engines(self)
         self._check_horizon(self._horizon())
 
     def _horizon(self) -> int | None:
@@ -212,6 +216,11 @@ class OctoConfig(ModelConfig):
             from eval.policies.octo import read_goal_image
 
             read_goal_image(self.goal_image)  # a missing or unreadable file: one line (GoalImageError, a ValueError)
+        if self._from_engines(runtime):
+            # the engines folder is the model: its entry read (every file's sha256 checked) and its weights
+            # compared with what the run asks for, once here; every worker loads this entry
+            object.__setattr__(self, "_entry", self._engines_entry())
+            return
         if not self.random_weights:
             from engines.octo.checkpoint import resolve_weights
 
@@ -223,12 +232,70 @@ class OctoConfig(ModelConfig):
         return getattr(self, "_weights", None)
 
     def weights_sha256(self) -> str | None:
+        entry = getattr(self, "_entry", None)
+        if entry is not None:
+            return (entry.get("weights") or {}).get("sha256")
         w = self._resolved()
         return w.sha256 if w is not None else None
 
     def weights(self) -> dict | None:
+        entry = getattr(self, "_entry", None)
+        if entry is not None:  # the files the graphs were exported from, as make engines resolved them
+            return entry.get("weights")
         w = self._resolved()
         return w.to_json() if w is not None else None
+
+    def _from_engines(self, runtime) -> bool:
+        """Whether this run's model is the engines folder's: on ONNX Runtime or TensorRT (the jax backend loads the
+        checkpoint)."""
+        from engines.backends import GRAPH_BACKENDS
+
+        return runtime is not None and runtime.backend in GRAPH_BACKENDS
+
+    def engines_dir(self) -> Path:
+        from engines.folder import default_dir
+
+        return Path(self.engines) if self.engines else default_dir()
+
+    def _engines_entry(self) -> dict:
+        """The model's entry of the engines folder, checked against the weights the run asks for: released (no
+        option), --random-weights, or --checkpoint (a folder: its files' sha256; a Hub repo: its name, and the
+        commit when --revision is one). One line (EnginesFolderError) naming the folder and how to build it."""
+        from engines.folder import EnginesFolderError, build_command, model_entry
+        from engines.octo.config import HF_REPOS
+
+        folder = self.engines_dir()
+        entry = model_entry(folder, self.name)
+        build = build_command(self.name, folder)
+        built = entry.get("weights") or {}
+        ckpt = built.get("checkpoint") or {}
+        has = ("random weights" if entry.get("random_weights") else
+               f"the weights of {ckpt.get('repo') or ckpt.get('folder') or 'an unnamed checkpoint'}")
+        if self.random_weights != bool(entry.get("random_weights")):
+            asked = "random weights (--random-weights)" if self.random_weights else "trained weights"
+            if self.random_weights:
+                build = build_command(self.name, folder, "--random-weights")
+            raise EnginesFolderError(f"{folder} holds {self.name} with {has}, the run asks for {asked}; build "
+                                     f"those with: {build}")
+        if self.random_weights:
+            return entry
+        if self.checkpoint and not str(self.checkpoint).startswith("hf://"):
+            from engines.octo.checkpoint import resolve
+
+            files = resolve(self.name, self.checkpoint)
+            if dict(files.sha256) != ckpt.get("files"):
+                build = build_command(self.name, folder, f"--checkpoint-{self.name} {self.checkpoint}")
+                raise EnginesFolderError(f"{folder} holds {self.name} with {has}, not the files of --checkpoint "
+                                         f"{self.checkpoint}; build them with: {build}")
+            return entry
+        from engines.hub import parse_repo
+
+        repo = parse_repo(self.checkpoint) if self.checkpoint else HF_REPOS.get(self.name)
+        rev = self.revision
+        if ckpt.get("repo") != repo or (rev and len(rev) == 40 and ckpt.get("revision") != rev):
+            raise EnginesFolderError(f"{folder} holds {self.name} with {has}, the run asks for {repo}"
+                                     f"{'@' + rev if rev else ''}; build it with: {build}")
+        return entry
 
     def policy(self, runtime=None, setup=None, arm="panda", engine=None, seed: int = 0, check_size: bool = True,
                unnorm_key: str | None = None, **build):
@@ -236,23 +303,35 @@ class OctoConfig(ModelConfig):
         runtime, from the one backend factory. ``goal_image``: None (language only), a PNG/JPEG file, or
         "solved" (each try of ``setup`` rendered with its blocks in their holes, by ``arm``)."""
         from engines.backends import BackendUnavailable, model_runner
-        from engines.octo.octo_model import load_octo
         from engines.octo.errors import OctoError
-        from engines.optional import require
         from eval.policies.octo import OctoPolicy, resolve_goal
 
-        for module in ("jax", "flax", "sentencepiece"):
-            require(module, "jax")
         goal = resolve_goal(self.goal_image, setup, arm)  # a bad file: one line, before loading
-        if engine is None:
+        if engine is None and self._from_engines(runtime):  # the engines folder alone: no JAX, no checkpoint
+            from engines.octo.deployed import DeployedOcto
+
+            entry = getattr(self, "_entry", None) or self._engines_entry()
+            engine = DeployedOcto.load(self.engines_dir(), self.name, entry)
+        elif engine is None:
+            from engines.octo.octo_model import load_octo
+            from engines.optional import require
+
+            for module in ("jax", "flax", "sentencepiece"):
+                require(module, "jax")
             engine = load_octo(self.name, checkpoint=self.checkpoint, random_weights=self.random_weights, seed=seed,
                                 check_size=check_size, revision=self.revision, weights=self._resolved())
         try:
-            runner = model_runner(self.name, runtime, engine=engine)
+            runner = model_runner(self.name, runtime, engine=engine, engines=self.engines_dir())
         except BackendUnavailable as e:
             raise OctoError(str(e)) from None
         return OctoPolicy(engine, runner, name=self.name, exec_horizon=self.exec_horizon,
                           temporal_ensembling=self.temporal_ensembling, unnorm_key=unnorm_key, goal=goal)
+
+
+def _absolute_engines(config) -> None:
+    """--engines as an absolute path: workers (and Ray actors) read it wherever they run."""
+    if config.engines:
+        object.__setattr__(config, "engines", str(Path(config.engines).expanduser().resolve()))
 
 
 @register_model("octo")
@@ -284,6 +363,15 @@ class OctoCheckpointConfig(OctoConfig):
     def describe(cls, name: str) -> str:
         return "an Octo checkpoint of any size (--checkpoint DIR or hf://ORG/NAME): fine-tuned or other, not ranked"
 
+    def _from_engines(self, runtime) -> bool:
+        # make engines builds octo-small and octo-base: a checkpoint of any size runs on jax, or on ort from its
+        # graphs exported on first use
+        if runtime is not None and runtime.backend == "trt":
+            raise ValueError(f"--model {self.name} runs on jax or ort; TensorRT engines are built by make engines "
+                             "for octo-small and octo-base (python -m engines.build --models octo-small "
+                             "--checkpoint-octo-small DIR takes a checkpoint of that size)")
+        return False
+
     def check(self, runtime) -> None:
         super().check(runtime)
         self._check_horizon(self._horizon())
@@ -296,12 +384,14 @@ class BCStateConfig(ModelConfig):
                                     metavar="PATH")
     backend: str | None = option(help=OctoConfig.__dataclass_fields__["backend"].metadata["help"])
     precision: str | None = option(help=OctoConfig.__dataclass_fields__["precision"].metadata["help"])
+    engines: str | None = option(help=OctoConfig.__dataclass_fields__["engines"].metadata["help"], metavar="DIR")
     track: ClassVar[str] = "adapted"
     family: ClassVar[str | None] = "bc-state"
     description: ClassVar[str] = "MLP on exact state trained on scripted demos"
 
     def __post_init__(self):
         _check_backend_options(self.backend, self.precision)
+        _absolute_engines(self)
 
     def weights_path(self) -> Path:
         from engines.bc_mlp import DEFAULT_WEIGHTS
@@ -323,7 +413,7 @@ class BCStateConfig(ModelConfig):
         from eval.policies.bc_state import BCStatePolicy
 
         weights = self.weights_path()
-        return BCStatePolicy(model_runner("bc-state", runtime, weights=weights), weights)
+        return BCStatePolicy(model_runner("bc-state", runtime, weights=weights, engines=self.engines), weights)
 
 
 @register_model("remote")

@@ -81,7 +81,10 @@ class ServedModel:
         self.lock = threading.Lock()  # one engine call at a time, whatever the connections
         policy.prepare_batch(1)
         if getattr(policy, "observes", "state") == "cameras":
-            policy.reset("warm up", seed=0)  # compiles the query of one scene (Octo), untimed
+            from env.task import all_instructions
+
+            # compiles the query of one scene (Octo), untimed; an instruction every engines folder has embedded
+            policy.reset(all_instructions()[0], seed=0)
 
     def metadata(self, protocol: str) -> dict:
         p = self.prototype

@@ -28,7 +28,13 @@ CommandRunner = Callable[[Sequence[str]], "str | None"]
 # L4T release -> JetPack release (NVIDIA's published pairs; jetson-stats keeps the
 # same table). A release not listed gives jetpack=None and only the major line.
 L4T_TO_JETPACK: dict[str, str] = {
-    # JetPack 7 (Thor)
+    # JetPack 7.2 (Orin and Thor; Ubuntu 24.04, CUDA 13): L4T r39.2. NOT from NVIDIA's own pages, which were not
+    # found here: the pairs are those of OE4T meta-tegra ("Update to L4T R39.2.0/JetPack 7.2", PR 2281;
+    # "JetPack 7.2.1/L4T R39.2.1", PR 2339) and balena's Orin device types (L4T 39.2.0). Check against NVIDIA's
+    # JetPack 7.2 release notes when at hand.
+    "39.2.0": "7.2", "39.2.1": "7.2.1",
+    # JetPack 7.0 and 7.1 (Thor only; r38 does not support the Orin): NVIDIA's JetPack 7.0 / 7.1 download pages
+    "38.4.0": "7.1",
     "38.2.0": "7.0", "38.2.1": "7.0", "38.2.2": "7.0",
     # JetPack 6 (Orin)
     "36.4.7": "6.2.1", "36.4.4": "6.2.1", "36.4.3": "6.2", "36.4.2": "6.1.1", "36.4.0": "6.1",

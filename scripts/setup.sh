@@ -9,7 +9,13 @@
 #   2. torch, only when `import torch` fails (never replaces an existing torch)
 #   3. pip install -e ".[sim,export,jax,ray,dev,remote]" (and openpi-client without its numpy<2 pin) with requirements/lock.txt as constraints (the versions
 #      CI tested), skipped when already done; UNLOCKED=1 installs without the lock (upgrading, or a
-#      platform the lock was not made on, e.g. Jetson)
+#      platform the lock was not made on)
+#      On aarch64 (a Jetson) the lock (x86, Python 3.11) is never applied. JetPack 6 (L4T R36, Python 3.10, and
+#      any aarch64 machine that is not JetPack 7): Dockerfile.l4t's extras (jetson,trt,dev: no sim, whose mplib
+#      has no aarch64 build; no export or jax, which need numpy >= 2) under the constraints numpy<2 (JetPack's
+#      torch), cuda-python<13 (CUDA 12.6) and the installed torch. JetPack 7 (L4T R38 and later, Python >= 3.12,
+#      CUDA 13): the whole chain, jetson,trt,dev,export,jax (JAX's aarch64 CPU wheels; see Dockerfile.l4t), with
+#      the installed torch held. One line says which.
 # Set SKIP_APT=1 to skip step 1.
 set -euo pipefail
 
@@ -17,6 +23,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 
 MESA_MIN="${MESA_MIN:-24.3}"   # overridable only to exercise the apt path
+NV_TEGRA_RELEASE="${NV_TEGRA_RELEASE:-/etc/nv_tegra_release}"   # overridable only to exercise the Jetson path
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 EXTRAS="sim,export,jax,ray,dev,remote"
 PACKAGES=(env eval engines jetson benchmarks)
@@ -127,7 +134,28 @@ for p in "${PACKAGES[@]}"; do
     [[ -f "$REPO/$p/__init__.py" ]] && present+=("$p")
 done
 LOCK="$REPO/requirements/lock.txt"
-if [[ "${UNLOCKED:-0}" == "1" ]]; then
+if [[ "$(uname -m)" == "aarch64" ]]; then
+    # a Jetson: never the x86 lock; JetPack 6 or 7 by the L4T release (see the header)
+    l4t_major="$({ sed -n 's/^# R\([0-9][0-9]*\) (release).*/\1/p' "$NV_TEGRA_RELEASE" 2>/dev/null || true; } | head -n1)"
+    py_minor="$("$PY" -c 'import sys; print(sys.version_info[1] if sys.version_info[0] == 3 else 0)')"
+    torch_pin="torch==$("$PY" -c 'from importlib.metadata import version; print(version("torch"))')"
+    mkdir -p "$REPO/build"
+    aarch64_constraints="$REPO/build/aarch64-constraints.txt"
+    if [[ -n "$l4t_major" && "$l4t_major" -ge 38 && "$py_minor" -ge 12 ]]; then
+        EXTRAS="jetson,trt,dev,export,jax"
+        printf '%s\n' "$torch_pin" > "$aarch64_constraints"
+        way="the JetPack 7 way"
+        left_out="the whole chain, export and jax included; no sim: mplib"
+    else
+        EXTRAS="jetson,trt,dev"
+        printf '%s\n' "numpy<2" "cuda-python<13" "$torch_pin" > "$aarch64_constraints"
+        way="the JetPack 6 way"
+        left_out="no sim: mplib; no export, jax: numpy>=2"
+    fi
+    constraints=(-c "$aarch64_constraints")
+    lock_text="aarch64 constraints=$(tr '\n' ' ' < "$aarch64_constraints")"
+    say "aarch64 (L4T R${l4t_major:-none}, Python 3.$py_minor), $way: requirements/lock.txt (x86, Python 3.11) not applied; extras $EXTRAS ($left_out); constraints $(tr '\n' ' ' < "$aarch64_constraints" | sed 's/ $//')"
+elif [[ "${UNLOCKED:-0}" == "1" ]]; then
     constraints=()
     lock_text="unlocked"
 else
@@ -149,7 +177,9 @@ else
     "$PY" -m pip install -q -e "$REPO[$EXTRAS]" "${constraints[@]}"
     # openpi's client (the remote tests talk to eval.serve with it) declares numpy<2, which JAX here cannot
     # have; the modules it uses need only websockets and msgpack (the remote extra), so it goes in without deps
-    "$PY" -m pip install -q --no-deps openpi-client "${constraints[@]}"
+    if [[ ",$EXTRAS," == *",remote,"* ]]; then
+        "$PY" -m pip install -q --no-deps openpi-client "${constraints[@]}"
+    fi
     printf '%s' "$stamp_text" > "$STAMP"
     say "install: pip install -e \".[$EXTRAS]\" ${constraints[*]:-(unlocked)} done"
 fi

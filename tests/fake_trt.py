@@ -4,8 +4,12 @@ Only as much of the real APIs as engines.trt and engines.runners.TensorRtRunner 
 return conventions of TensorRT 10 (weakly typed: ``BuilderFlag.FP16/INT8``, ``platform_has_fast_*``) and
 TensorRT 11 (no precision flags: strongly typed), and of cuda-python ((err, *values) tuples). The "device"
 is host memory: cudaMalloc hands out real host addresses, so a fake engine computes on what was bound and a
-test can see which pointers a replayed CUDA graph read. Installed into ``sys.modules`` with pytest's
-monkeypatch by :func:`install`; nothing here imports tensorrt or cuda.
+test can see which pointers a replayed CUDA graph read. Time on the "device" is a clock that copies and
+engine runs advance (``cudart.clock_ms``: a host-to-device copy of n bytes takes ``n / h2d_bytes_per_ms``, an
+engine run ``run_ms``), and CUDA events read it when recorded, so event-timed intervals are exact. Engines
+other than the one-input :class:`FakeEngine` are declared by their inputs and outputs (:class:`SpecEngine`,
+:func:`octo_engines`: Octo's backbone and sampler). Installed into ``sys.modules`` with pytest's monkeypatch
+by :func:`install`; nothing here imports tensorrt or cuda.
 """
 
 from __future__ import annotations
@@ -238,6 +242,7 @@ class FakeContext:
 
         def run():
             self.runs += 1
+            self.engine.cudart.clock_ms += self.engine.cudart.run_ms
             n = int(np.prod(shape))
             x = np.frombuffer((ctypes.c_float * n).from_address(src), np.float32).reshape(shape)
             y = np.frombuffer((ctypes.c_float * n).from_address(dst), np.float32).reshape(shape)
@@ -247,21 +252,154 @@ class FakeContext:
         return True
 
 
+def _host_array(ptr: int, shape, dtype) -> np.ndarray:
+    """The "device" memory at ``ptr`` as a numpy array (host memory in these fakes), no copy."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape)) * dtype.itemsize
+    return np.frombuffer((ctypes.c_char * max(1, n)).from_address(int(ptr)), dtype, int(np.prod(shape))).reshape(shape)
+
+
+class SpecEngine:
+    """An engine declared by its tensors: ``inputs`` / ``outputs`` {name: (shape, dtype)} with -1 for the batch
+    axis (profile batch 1..``max_batch``), and ``fn(**inputs) -> {output: array}`` computed on what is bound at
+    the bound addresses when the enqueue runs (or replays)."""
+
+    def __init__(self, trt, cudart, inputs: dict, outputs: dict, fn, max_batch: int = 8):
+        self.trt, self.cudart = trt, cudart
+        self.specs = {**inputs, **outputs}
+        self.inputs, self.fn, self.max_batch = list(inputs), fn, max_batch
+        self.names = [*inputs, *outputs]
+        self.num_io_tensors = len(self.names)
+
+    def get_tensor_name(self, i: int) -> str:
+        return self.names[i]
+
+    def get_tensor_mode(self, name: str):
+        return self.trt.TensorIOMode.INPUT if name in self.inputs else self.trt.TensorIOMode.OUTPUT
+
+    def get_tensor_dtype(self, name: str):
+        return np.dtype(self.specs[name][1]).name
+
+    def get_tensor_profile_shape(self, name: str, index: int):
+        shape = self.specs[name][0]
+        return (tuple(1 if d < 0 else d for d in shape), tuple(1 if d < 0 else d for d in shape),
+                tuple(self.max_batch if d < 0 else d for d in shape))
+
+    def create_execution_context(self):
+        return SpecContext(self)
+
+
+class SpecContext:
+    """:class:`FakeContext` for a :class:`SpecEngine`; ``runs`` counts the runs, ``read`` holds the input
+    addresses each run read."""
+
+    def __init__(self, engine: SpecEngine):
+        self.engine = engine
+        self.shapes: dict[str, tuple] = {}
+        self.addresses: dict[str, int] = {}
+        self.read: list[dict[str, int]] = []
+        self.runs = 0
+
+    def set_input_shape(self, name, shape) -> bool:
+        want = self.engine.specs[name][0]
+        if len(shape) != len(want) or any(w >= 0 and s != w for s, w in zip(shape, want)):
+            return False
+        if not 1 <= shape[0] <= self.engine.max_batch:
+            return False
+        self.shapes[name] = tuple(int(d) for d in shape)
+        return True
+
+    def set_tensor_address(self, name, ptr) -> bool:
+        self.addresses[name] = int(ptr)
+        return True
+
+    def get_tensor_shape(self, name):
+        b = next((self.shapes[n][0] for n in self.engine.inputs if n in self.shapes), -1)
+        return tuple(b if d < 0 else d for d in self.engine.specs[name][0])
+
+    def execute_async_v3(self, stream) -> bool:
+        e = self.engine
+        shapes = {n: self.get_tensor_shape(n) for n in e.names}
+        addresses = dict(self.addresses)  # bound now, read when the run runs
+
+        def run():
+            self.runs += 1
+            e.cudart.clock_ms += e.cudart.run_ms
+            self.read.append({n: addresses[n] for n in e.inputs})
+            ins = {n: _host_array(addresses[n], shapes[n], e.specs[n][1]).copy() for n in e.inputs}
+            for n, value in e.fn(**ins).items():
+                _host_array(addresses[n], shapes[n], e.specs[n][1])[...] = value
+
+        e.cudart.enqueue(run)
+        return True
+
+
+def octo_engines(trt, cfg, folder) -> tuple:
+    """Fake TensorRT engines of Octo's two graphs (:mod:`engines.octo.export`'s interface) for ``cfg``, written
+    to ``folder``: (backbone path, sampler path). The backbone's readout is a function of every input (so a
+    wrong binding shows); the sampler gives ``tanh`` of its inputs' sums as actions."""
+    from pathlib import Path
+
+    from engines.octo.export import SAMPLER_INPUTS, goal_input_names
+
+    u8, f32 = np.uint8, np.float32
+    cams = cfg.cameras
+    bb_in = {f"image_{c.name}": ((-1, cfg.window, *c.image_size, 3), u8) for c in cams}
+    bb_in.update({"lang_embedding": ((-1, cfg.lang_tokens, cfg.t5.d_model), f32),
+                  "masks": ((-1, cfg.window, 1 + len(cams)), f32), "lang_mask": ((-1,), f32)})
+    bb_in.update({n: ((-1, *c.image_size, 3), u8) for n, c in zip(goal_input_names(cfg),
+                                                                    [c for c in cams if c.stack_task_image])})
+    flat = cfg.flat_action_dim
+
+    def backbone(**x):
+        b = next(iter(x.values())).shape[0]
+        total = sum(v.reshape(b, -1).astype(np.float64).mean(axis=1) for v in x.values())
+        return {"readout": np.tile((total / 1e3).astype(f32)[:, None], (1, cfg.token_dim))}
+
+    def sampler(readout, init_noise, step_noise):
+        b = readout.shape[0]
+        s = readout.mean(axis=1) + init_noise.mean(axis=1) + step_noise.reshape(b, -1).mean(axis=1)
+        return {"actions": np.tanh(np.tile(s[:, None, None], (1, cfg.action_horizon, cfg.action_dim))).astype(f32)}
+
+    sm_in = dict(zip(SAMPLER_INPUTS, [((-1, cfg.token_dim), f32), ((-1, flat), f32),
+                                      ((-1, cfg.diffusion_steps, flat), f32)]))
+    paths = []
+    for part, ins, outs, fn in (("backbone", bb_in, {"readout": ((-1, cfg.token_dim), f32)}, backbone),
+                                ("sampler", sm_in, {"actions": ((-1, cfg.action_horizon, cfg.action_dim), f32)},
+                                 sampler)):
+        data = f"fake-octo-{part}".encode()
+        trt.engines[data] = functools.partial(SpecEngine, trt, trt.cudart, ins, outs, fn)
+        path = Path(folder) / f"{cfg.name}_{part}.engine"
+        path.write_bytes(data)
+        paths.append(path)
+    return tuple(paths)
+
+
 def _add_runtime(trt) -> None:
     trt.TensorIOMode = SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT")
     trt.nptype = lambda dtype: np.dtype(dtype).type
+    trt.engines = {}  # serialized bytes -> factory of a SpecEngine (octo_engines)
 
     class Runtime:
         def __init__(self, logger):
             self.logger = logger
 
         def deserialize_cuda_engine(self, data: bytes):
+            if data in trt.engines:
+                return trt.engines[data]()
             return FakeEngine(trt, trt.cudart) if data == ENGINE_BYTES else None
 
     trt.Runtime = Runtime
 
 
 # ------------------------------------------------------------------ cuda-python runtime
+class FakeEvent:
+    """A CUDA event: the fake device clock when it was last recorded."""
+
+    def __init__(self):
+        self.t = 0.0
+
+
 class FakeStream:
     def __init__(self, handle: int):
         self.handle = handle
@@ -272,10 +410,13 @@ class FakeStream:
 
 def make_cudart(version: str = "12.6.2", driver: int = 12060) -> types.ModuleType:
     """A fake ``cuda.bindings.runtime`` whose device memory is host memory. ``cudart.calls`` lists the calls
-    by name; ``cudart.h2d`` counts host-to-device copies."""
+    by name; ``cudart.h2d`` counts host-to-device copies, ``cudart.h2d_bytes`` their bytes; ``clock_ms`` is the
+    device's time (copies and engine runs advance it; events record it)."""
     rt = types.ModuleType("cuda.bindings.runtime")
     rt.__version__ = version
-    rt.calls, rt.h2d, rt.capturing, rt.memory = [], 0, None, {}
+    rt.calls, rt.h2d, rt.h2d_bytes, rt.capturing, rt.memory = [], 0, 0, None, {}
+    # 1 MiB per ms host to device, 0.25 ms per run: powers of two, so the clock sums (and intervals) are exact
+    rt.clock_ms, rt.h2d_bytes_per_ms, rt.run_ms = 0.0, float(2 ** 20), 0.25
     rt.cudaMemcpyKind = SimpleNamespace(cudaMemcpyHostToDevice=1, cudaMemcpyDeviceToHost=2)
     rt.cudaStreamCaptureMode = SimpleNamespace(cudaStreamCaptureModeGlobal=0)
 
@@ -297,6 +438,8 @@ def make_cudart(version: str = "12.6.2", driver: int = 12060) -> types.ModuleTyp
     def memcpy(dst, src, n, kind, stream):
         if kind == 1:
             rt.h2d += 1
+            rt.h2d_bytes += n
+            rt.clock_ms += n / rt.h2d_bytes_per_ms
         ctypes.memmove(int(dst), int(src), n)
         return call("cudaMemcpyAsync")
 
@@ -322,10 +465,15 @@ def make_cudart(version: str = "12.6.2", driver: int = 12060) -> types.ModuleTyp
     rt.cudaStreamDestroy = lambda s: call("cudaStreamDestroy")
     rt.cudaStreamSynchronize = lambda s: call("cudaStreamSynchronize")
     rt.cudaStreamWaitEvent = lambda s, e, flags: call("cudaStreamWaitEvent")
-    rt.cudaEventCreate = lambda: call("cudaEventCreate", object())
+    def record(event, stream):
+        rt.calls.append(("cudaEventRecord", int(stream)))
+        event.t = rt.clock_ms
+        return (0,)
+
+    rt.cudaEventCreate = lambda: call("cudaEventCreate", FakeEvent())
     rt.cudaEventDestroy = lambda e: call("cudaEventDestroy")
-    rt.cudaEventRecord = lambda e, s: (rt.calls.append(("cudaEventRecord", int(s))), (0,))[1]
-    rt.cudaEventElapsedTime = lambda a, b: call("cudaEventElapsedTime", 0.25)
+    rt.cudaEventRecord = record
+    rt.cudaEventElapsedTime = lambda a, b: call("cudaEventElapsedTime", b.t - a.t)
     rt.cudaStreamBeginCapture = begin
     rt.cudaStreamEndCapture = end
     rt.cudaGraphInstantiate = lambda graph, flags: call("cudaGraphInstantiate", list(graph))
@@ -344,6 +492,38 @@ class DeviceArray:
             "shape": array.shape, "typestr": typestr or array.dtype.str, "data": (array.ctypes.data, False),
             "version": 3, "strides": strides, "stream": stream}
         self.shape = array.shape
+
+
+@functools.lru_cache(maxsize=1)
+def _fake_cuda_class():
+    import torch
+
+    class FakeCudaTensor(torch.Tensor):
+        """A CPU tensor that says it is on a CUDA device (``is_cuda``, ``__cuda_array_interface__`` v3 of its
+        memory, which is what the fake runtime's "device" memory is). torch ops keep the subclass, so frames made
+        of it stay "on the device" through the policy's torch preprocessing, as GPU scenes' frames do."""
+
+        __module__ = "torch.fake_cuda"  # engines.zero_copy.is_torch_tensor goes by the type's module
+
+        @property
+        def is_cuda(self) -> bool:
+            return True
+
+        @property
+        def __cuda_array_interface__(self) -> dict:
+            size = self.element_size()
+            return {"shape": tuple(self.shape), "typestr": torch.empty(0, dtype=self.dtype).numpy().dtype.str,
+                    "data": (self.data_ptr(), False), "version": 3,
+                    "strides": tuple(s * size for s in self.stride()), "stream": None}
+
+    return FakeCudaTensor
+
+
+def fake_cuda(array: np.ndarray):
+    """A torch tensor of ``array`` (its memory shared) that claims to be a CUDA tensor: see ``_fake_cuda_class``."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(array)).as_subclass(_fake_cuda_class())
 
 
 def install(monkeypatch, major: int = 10, strongly_typed_flag: bool = True, cuda_version: str = "12.6.2",

@@ -295,14 +295,23 @@ def test_a_corrupt_cached_onnx_export_is_rebuilt(tmp_path, monkeypatch):
 
 
 def test_octo_without_weights_says_how_to_get_them_before_any_scene(tmp_path):
+    """JAX loads the checkpoint: without the weights, one line naming the repo, the cache and the flags; ONNX
+    Runtime (eval.orin's default on a CPU) runs from the engines folder: without one, the command that builds it."""
     env = dict(os.environ, HF_HOME=str(tmp_path / "hf"))  # an empty Hugging Face cache, whatever this machine has
-    proc = subprocess.run([sys.executable, "-m", "eval.orin", "--model", "octo-small", "--split", "dev", "--setups",
-                           "A01", "--tries", "1", "--out", str(tmp_path / "run")], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=env)
+    argv = [sys.executable, "-m", "eval.orin", "--model", "octo-small", "--split", "dev", "--setups", "A01", "--tries",
+            "1", "--out", str(tmp_path / "run")]
+    proc = subprocess.run(argv + ["--backend", "jax"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 2
     line = _error_line(proc)
     assert "--random-weights" in line and "--checkpoint DIR" in line and "rail-berkeley/octo-small-1.5" in line
     assert str(tmp_path / "hf" / "hub") in line  # the cache folder it looked in
+    assert "mani_skill" not in proc.stderr and not (tmp_path / "run" / "run.json").exists()
+    proc = subprocess.run(argv + ["--engines", str(tmp_path / "engines")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 2
+    line = _error_line(proc)
+    assert f"{tmp_path / 'engines'} holds no engines" in line
+    assert f"python -m engines.build --models octo-small --out {tmp_path / 'engines'}" in line
     assert "mani_skill" not in proc.stderr and not (tmp_path / "run" / "run.json").exists()
 
 

@@ -3,6 +3,7 @@ and none of the four problems that kept it from building on a Jetson comes back 
 under JetPack's torch, SAPIEN from PyPI). Nothing here builds the image: it was never built on a Jetson."""
 
 import ast
+import itertools
 import re
 import shlex
 import subprocess
@@ -211,10 +212,21 @@ def test_project_extras_exist_in_setup_py(text):
 
 
 def test_header_documents_build_run_and_that_it_was_never_built(text):
-    header = "\n".join(ln for ln in text.splitlines()[:60] if ln.startswith("#"))
+    header = "\n".join(itertools.takewhile(lambda ln: ln.startswith("#") or not ln.strip(), text.splitlines()))
     assert "docker build -f Dockerfile.l4t" in header and "SAPIEN_WHEEL=" in header
     assert "docker run" in header and "--runtime nvidia" in header
     assert "NEVER BUILT ON A JETSON" in header
+    # Octo without JAX from an engines folder exported elsewhere, and JetPack 7.2's answer on JAX (the command)
+    assert "--onnx-from DIR" in header and "python -m eval.orin --model octo-small" in header
+    assert "--python-version 3.12" in header and "manylinux_2_${m}_aarch64" in header and "jaxlib-0.10.2-cp312" in header
+    assert "need JAX in this release" not in header
+
+
+def test_cuda_python_held_below_13_on_jetpack6(text):
+    """setup.py's trt extra admits cuda-python 13 (JetPack 7's CUDA 13); JetPack 6's CUDA 12.6 needs 12.x."""
+    write = re.search(r"printf '([^']*)' > /etc/pip-constraints.txt", run_instructions(text))
+    assert write and "cuda-python<13" in write.group(1).split("\\n")
+    assert setup_extras()["trt"] == ["cuda-python>=12.6,<14"]
 
 
 def test_parser_sees_the_install_lines(text):
@@ -286,3 +298,163 @@ def test_mani_skill_states_the_sapien_requirement_the_check_is_tested_with():
     assert metadata.version("mani-skill") == setup_pin("mani-skill")
     stated = [r for r in reqs if re.match(r"^(sapien|mplib)\b", r)]
     assert sorted(stated) == sorted(MANI_SKILL_SAPIEN_REQUIRES)
+
+
+# ------------------------------------------------ scripts/setup.sh on a Jetson (aarch64), faked on this machine
+# setup.sh runs from a copy of the repo's skeleton (its REPO is the folder above the script) with a fake `uname`
+# first on PATH and PYTHON set to a fake interpreter that answers setup.sh's questions and logs every pip command.
+FAKE_PYTHON = r'''#!/usr/bin/env bash
+if [[ "$1" == "-V" ]]; then echo "Python 3.$FAKE_PY_MINOR.12"; exit 0; fi
+if [[ "$1" == "-m" && "$2" == "pip" ]]; then
+    echo "${*:3}" >> "$FAKE_PIP_LOG"
+    exit 0
+fi
+if [[ "$1" == "-c" ]]; then
+    case "$2" in
+        *sys.executable*) echo "$0" ;;
+        *"sys.version_info[1]"*) echo "$FAKE_PY_MINOR" ;;
+        *"sys.version_info <"*) exit 0 ;;
+        *torch.__version__*|*'version("torch")'*) echo "$FAKE_TORCH" ;;
+        *"import torch"*) exit 0 ;;
+        *) echo "fake python: unexpected -c $2" >&2; exit 3 ;;
+    esac
+    exit 0
+fi
+echo "fake python: unexpected $*" >&2; exit 3
+'''
+FAKE_UNAME = '#!/usr/bin/env bash\ncase "$1" in -m) echo "$FAKE_ARCH" ;; -s) echo Linux ;; *) echo Linux ;; esac\n'
+JETPACK6_RELEASE = "# R36 (release), REVISION: 4.4, GCID: 41062509, BOARD: generic, EABI: aarch64, DATE: Mon Jun 16\n"
+JETPACK72_RELEASE = "# R39 (release), REVISION: 2.0, GCID: 1, BOARD: generic, EABI: aarch64, DATE: Mon Jun 1\n"
+
+
+def run_setup(tmp_path: Path, arch: str, py_minor: int = 10, release: str | None = JETPACK6_RELEASE,
+              torch: str = "2.5.0a0+872d972e41.nv24.08") -> tuple[subprocess.CompletedProcess, list[str], Path]:
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "scripts" / "setup.sh").write_text((ROOT / "scripts" / "setup.sh").read_text())
+    (repo / "requirements").mkdir()
+    (repo / "requirements" / "lock.txt").write_text((ROOT / "requirements" / "lock.txt").read_text())
+    (repo / "setup.py").write_text((ROOT / "setup.py").read_text())
+    for pkg in ("env", "eval", "engines", "jetson", "benchmarks"):
+        (repo / pkg).mkdir()
+        (repo / pkg / "__init__.py").write_text("")
+    fakebin = tmp_path / "bin"
+    fakebin.mkdir()
+    for name, body in (("uname", FAKE_UNAME), ("python-fake", FAKE_PYTHON)):
+        (fakebin / name).write_text(body)
+        (fakebin / name).chmod(0o755)
+    log = tmp_path / "pip.log"
+    log.write_text("")
+    tegra = tmp_path / "nv_tegra_release"
+    if release is not None:
+        tegra.write_text(release)
+    env = {"PATH": f"{fakebin}:/usr/bin:/bin", "HOME": str(tmp_path), "SKIP_APT": "1",
+           "PYTHON": str(fakebin / "python-fake"), "FAKE_ARCH": arch, "FAKE_PY_MINOR": str(py_minor),
+           "FAKE_TORCH": torch, "FAKE_PIP_LOG": str(log), "NV_TEGRA_RELEASE": str(tegra)}
+    proc = subprocess.run(["bash", str(repo / "scripts" / "setup.sh")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    return proc, [ln for ln in log.read_text().splitlines() if not ln.startswith("show ")], repo
+
+
+def test_setup_on_jetpack6_skips_the_lock_and_the_extras_that_cannot_install(tmp_path):
+    proc, pip, repo = run_setup(tmp_path, "aarch64")
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[setup] aarch64")]
+    assert lines == [
+        "[setup] aarch64 (L4T R36, Python 3.10), the JetPack 6 way: requirements/lock.txt (x86, Python 3.11) not "
+        "applied; extras jetson,trt,dev (no sim: mplib; no export, jax: numpy>=2); constraints numpy<2 "
+        "cuda-python<13 torch==2.5.0a0+872d972e41.nv24.08"], proc.stdout
+    constraints = repo / "build" / "aarch64-constraints.txt"
+    assert pip == [f"install -q -e {repo}[jetson,trt,dev] -c {constraints}"]  # no openpi-client (no remote extra)
+    assert "lock.txt" not in " ".join(pip)
+    assert constraints.read_text().split() == ["numpy<2", "cuda-python<13", "torch==2.5.0a0+872d972e41.nv24.08"]
+    # the extras are the image's: no sim (mplib), export or jax (numpy >= 2)
+    assert dockerfile_args(DOCKERFILE.read_text())["PROJECT_EXTRAS"] == "jetson,trt,dev"
+
+
+def test_setup_on_aarch64_without_l4t_takes_the_jetpack6_way(tmp_path):
+    proc, pip, repo = run_setup(tmp_path, "aarch64", release=None)
+    assert proc.returncode == 0, proc.stderr
+    assert "[setup] aarch64 (L4T Rnone, Python 3.10), the JetPack 6 way:" in proc.stdout
+    assert pip == [f"install -q -e {repo}[jetson,trt,dev] -c {repo / 'build' / 'aarch64-constraints.txt'}"]
+
+
+def test_setup_on_jetpack7_installs_the_whole_chain_without_the_lock(tmp_path):
+    proc, pip, repo = run_setup(tmp_path, "aarch64", py_minor=12, release=JETPACK72_RELEASE, torch="2.12.0")
+    assert proc.returncode == 0, proc.stderr
+    assert ("[setup] aarch64 (L4T R39, Python 3.12), the JetPack 7 way: requirements/lock.txt (x86, Python 3.11) "
+            "not applied; extras jetson,trt,dev,export,jax (the whole chain, export and jax included; no sim: "
+            "mplib); constraints torch==2.12.0") in proc.stdout
+    constraints = repo / "build" / "aarch64-constraints.txt"
+    assert pip == [f"install -q -e {repo}[jetson,trt,dev,export,jax] -c {constraints}"]
+    assert constraints.read_text().split() == ["torch==2.12.0"]  # numpy >= 2 and cuda-python 13 allowed
+
+
+def test_setup_on_aarch64_is_skipped_when_done_and_redone_when_the_platform_changes(tmp_path):
+    proc, pip, repo = run_setup(tmp_path, "aarch64")
+    assert proc.returncode == 0 and len(pip) == 1
+    env_runs = []
+    for release, minor in ((JETPACK6_RELEASE, 10), (JETPACK72_RELEASE, 12)):
+        proc, pip, _ = run_setup_again(tmp_path, repo, release, minor)
+        env_runs.append((proc.returncode, len(pip), proc.stdout))
+    assert env_runs[0][:2] == (0, 0) and "install: skipped" in env_runs[0][2]  # same constraints: nothing to do
+    assert env_runs[1][:2] == (0, 1) and "[jetson,trt,dev,export,jax]" in env_runs[1][2]
+
+
+def run_setup_again(tmp_path: Path, repo: Path, release: str, py_minor: int):
+    """setup.sh once more in the same repo copy (stamp kept), pip showing the editable install as done."""
+    fakebin = tmp_path / "bin"
+    py = (fakebin / "python-fake").read_text()
+    show = (f'if [[ "$1 $2 $3" == "-m pip show" ]]; then echo "Editable project location: {repo}"; exit 0; fi\n')
+    (fakebin / "python-fake").write_text(py.replace("#!/usr/bin/env bash\n", "#!/usr/bin/env bash\n" + show, 1))
+    log = tmp_path / "pip.log"
+    log.write_text("")
+    (tmp_path / "nv_tegra_release").write_text(release)
+    env = {"PATH": f"{fakebin}:/usr/bin:/bin", "HOME": str(tmp_path), "SKIP_APT": "1",
+           "PYTHON": str(fakebin / "python-fake"), "FAKE_ARCH": "aarch64", "FAKE_PY_MINOR": str(py_minor),
+           "FAKE_TORCH": "2.5.0a0+872d972e41.nv24.08", "FAKE_PIP_LOG": str(log), "NV_TEGRA_RELEASE": str(tmp_path / "nv_tegra_release")}
+    proc = subprocess.run(["bash", str(repo / "scripts" / "setup.sh")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    return proc, [ln for ln in log.read_text().splitlines() if not ln.startswith("show ")], repo
+
+
+def test_setup_on_x86_still_applies_the_lock_and_every_extra(tmp_path):
+    proc, pip, repo = run_setup(tmp_path, "x86_64", py_minor=11, release=None)
+    assert proc.returncode == 0, proc.stderr
+    lock = repo / "requirements" / "lock.txt"
+    assert pip == [f"install -q -e {repo}[sim,export,jax,ray,dev,remote] -c {lock}",
+                   f"install -q --no-deps openpi-client -c {lock}"]
+    assert "aarch64" not in proc.stdout and not (repo / "build" / "aarch64-constraints.txt").exists()
+    assert f'[setup] install: pip install -e ".[sim,export,jax,ray,dev,remote]" -c {lock} done' in proc.stdout
+
+
+# ------------------------------------------------------------------------ scripts/jetson_standin.sh (CI's stand-in)
+STANDIN = ROOT / "scripts" / "jetson_standin.sh"
+
+
+def test_ci_runs_the_jetson_standin_after_the_tests_and_before_the_prescott_pass():
+    ci = (ROOT / ".ci" / "run").read_text()
+    hook = ci.index("bash scripts/jetson_standin.sh")
+    assert ci.index("PYTEST_RC_FILE=\"$rc_file\" make test\n") < hook < ci.index("OPENBLAS_CORETYPE=Prescott")
+    assert re.search(r"if ! bash scripts/jetson_standin.sh; then\n.*\n\s+exit 1\n", ci[hook - 10:])
+
+
+def test_standin_skips_with_the_reason_where_there_is_no_python_3_10(tmp_path):
+    import shutil
+
+    path = "/usr/bin:/bin"
+    if shutil.which("python3.10", path=path):
+        pytest.skip("this machine has a python3.10 in /usr/bin: the stand-in would build its venv")
+    proc = subprocess.run(["bash", str(STANDIN)], env={"PATH": path, "HOME": str(tmp_path)}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "jetson stand-in: skipped: no Python 3.10 here"
+
+
+def test_standin_installs_as_the_image_does_without_jax():
+    text = STANDIN.read_text()
+    assert "printf 'numpy<2\\n' > \"$constraints\"" in text  # every pip install under numpy<2, as the image
+    assert '--no-deps "mani-skill==$maniskill_version"' in text and "trimesh==" in text  # the image's own list
+    installs = [ln for ln in text.splitlines() if re.search(r"\bvpip\b", ln) and not ln.lstrip().startswith("#")]
+    assert not [ln for ln in installs if re.search(r"\b(jax|jaxlib|flax|jax2onnx)\b", ln)], installs
+    assert "--model octo-small --backend ort --engines" in text and '--version' in text

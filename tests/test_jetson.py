@@ -256,6 +256,27 @@ def test_x86_fake_root_with_nvml_gpu(x86_root):
     assert (g.driver, g.cuda_driver, g.compute_capability, g.memory_total_mb) == ("550.54.15", "12.4", "8.9", 24576)
 
 
+def test_jetpack7_releases_of_the_orin_and_of_thor():
+    # JetPack 7.2 (L4T r39.2) is the first JetPack 7 for the Orin; r38 (7.0, 7.1) is Thor's only
+    assert dev.jetpack_for_l4t("39.2.0") == ("7.2", "7")
+    assert dev.jetpack_for_l4t("39.2.1") == ("7.2.1", "7")
+    assert dev.jetpack_for_l4t("38.4.0") == ("7.1", "7")
+    assert dev.jetpack_for_l4t("38.2.1") == ("7.0", "7")
+    assert dev.jetpack_for_l4t("39.9.0") == (None, "7")  # a later r39: only the line
+    assert dev.parse_nv_tegra_release("# R39 (release), REVISION: 2.0, GCID: 1, BOARD: generic, EABI: aarch64, "
+                                      "DATE: Mon Jun 1 00:00:00 UTC 2026") == ("39.2.0", "generic")
+
+
+def test_orin_on_jetpack_7_2_is_identified(orin_root):
+    write(orin_root, "etc/nv_tegra_release", "# R39 (release), REVISION: 2.0, GCID: 1, BOARD: generic, "
+                                             "EABI: aarch64, DATE: Mon Jun 1 00:00:00 UTC 2026\n")
+    info = dev.identify_device(orin_root, fake_runner({"nvpmodel": NVPMODEL_Q}), use_nvml=False,
+                               probe_software=False)
+    j = info.jetson
+    assert info.kind == "jetson" and (j.l4t, j.jetpack, j.jetpack_major, j.soc) == ("39.2.0", "7.2", "7", "tegra234")
+    assert "L4T 39.2.0, JetPack 7.2, power mode MAXN (0)" in "\n".join(info.summary_lines())
+
+
 def test_release_and_tool_parsers():
     assert dev.parse_nv_tegra_release("# R32 (release), REVISION: 7.1, GCID: 29818004, BOARD: t186ref, EABI: "
                                       "aarch64, DATE: Sat Feb 19 17:07:00 UTC 2022") == ("32.7.1", "t186ref")

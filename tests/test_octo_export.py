@@ -165,33 +165,6 @@ def test_jax_runner_behind_the_same_interface(exported, ort_octo):
     assert rel_err(ort_octo.predict(images, masks, lang, noise), got) <= REL_TOL
 
 
-def test_engines_build_takes_graphs_exported_elsewhere_without_jax(exported, tmp_path):
-    """A Jetson image has no JAX: `engines.build --onnx-from DIR` takes Octo's graphs made on another machine,
-    checks them, and builds engines from them (skipped here with TensorRT's reason), never importing JAX."""
-    import shutil
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO_ROOT
-
-    _, graphs = exported
-    src = tmp_path / "from_x86"
-    src.mkdir()
-    shutil.copy(graphs.backbone, src / "octo_small_backbone.onnx")
-    shutil.copy(graphs.sampler, src / "octo_small_sampler.onnx")
-    code = ("import sys; from engines.build import main; rc = main(['--models', 'octo-small', '--onnx-from', "
-            f"{str(src)!r}, '--out', {str(tmp_path / 'out')!r}]); "
-            "assert 'jax' not in sys.modules, 'jax was imported'; sys.exit(rc)")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
-    assert "onnx backbone" in proc.stdout and "exported elsewhere" in proc.stdout and "random weights" in proc.stdout
-    int8_row = next(ln for ln in proc.stdout.splitlines() if "onnx int8" in ln)
-    assert "skipped" in int8_row and "octo_small_backbone.int8.onnx" in int8_row  # needs JAX's calibration queries
-    (src / "octo_small_sampler.onnx").unlink()
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1 and "no " in proc.stdout and "octo_small_sampler.onnx" in proc.stdout
-
-
 _EXPORT_ONCE = """
 import contextlib, hashlib, sys
 from pathlib import Path

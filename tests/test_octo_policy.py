@@ -238,7 +238,7 @@ def test_model_table_rows():
         assert config.track == "frozen" and config.observes == "cameras"
         assert {f.name for f in MODEL_CONFIGS[name].option_fields()} == {
             "checkpoint", "revision", "random_weights", "exec_horizon", "temporal_ensembling", "backend", "goal_image",
-            "precision"}
+            "precision", "engines"}
 
 
 def test_instruction_cache_memory_and_folder(tmp_path):

@@ -277,7 +277,10 @@ def test_host_feeds_are_copied_and_counted(monkeypatch, engine_file):
     with TensorRtRunner(engine_file, counter=counter) as r:
         np.testing.assert_array_equal(r.infer({"x": x})["y"], 2 * np.maximum(x, 0))
         assert r.context.shape_calls == [("x", (2, 4))] and r.last_gpu_ms == 0.25
+        # bytes and device time of the copy (CUDA events around it; the fake device copies 1 MiB per ms)
+        assert r.last_h2d_bytes == x.nbytes and r.last_h2d_ms == x.nbytes / 2 ** 20
     assert f.cudart.h2d == 1 and counter.h2d_bytes == x.nbytes and not counter.report()["zero_copy"]
+    assert counter.h2d_ms == x.nbytes / 2 ** 20
 
 
 def test_device_feeds_are_bound_by_address_without_copies(monkeypatch, engine_file):
@@ -287,6 +290,7 @@ def test_device_feeds_are_bound_by_address_without_copies(monkeypatch, engine_fi
     with TensorRtRunner(engine_file, counter=counter) as r:
         out = r.infer({"x": frame})["y"]
         assert r.context.addresses["x"] == frame.array.ctypes.data
+        assert (r.last_h2d_bytes, r.last_h2d_ms) == (0, 0.0)
     np.testing.assert_array_equal(out, [[2, 0, 6, 0]])
     counter.end_step()
     assert f.cudart.h2d == 0 and counter.report()["zero_copy"] and counter.per_step == [0]
@@ -356,11 +360,15 @@ def test_cuda_python_newer_than_the_driver_is_refused_with_what_to_install(monke
         TensorRtRunner(engine_file).activate()
 
 
-def test_setup_pins_cuda_python_below_13_in_the_trt_extra():
+def test_setup_admits_cuda_python_12_and_13_in_the_trt_extra():
+    """JetPack 6 brings CUDA 12.6, JetPack 7 CUDA 13: the extra admits both, and a driver's own major is what the
+    one-line refusal says to install (12.x below CUDA 13)."""
     tree = ast.parse((ROOT / "setup.py").read_text())
     call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "setup")
     extras = ast.literal_eval(next(k.value for k in call.keywords if k.arg == "extras_require"))
-    assert extras["trt"] == [runners.CUDA_PYTHON_SPEC] == ["cuda-python>=12.6,<13"]
+    assert extras["trt"] == [runners.CUDA_PYTHON_SPEC] == ["cuda-python>=12.6,<14"]
+    assert runners.cuda_python_spec(12) == "cuda-python>=12.6,<13"
+    assert runners.cuda_python_spec(13) == "cuda-python>=13,<14"
 
 
 def test_a_damaged_engine_in_the_cache_is_built_again_with_one_line(tmp_path, monkeypatch, capsys):

@@ -40,7 +40,6 @@ import numpy as np
 from engines import hub
 from engines.octo.config import HF_REPOS, OctoConfig, config_from_release, release_config_dict
 from engines.octo.errors import OctoCheckpointError
-from engines.octo.params import flatten, param_shapes
 from engines.optional import require
 
 REQUIRED_FILES = ("config.json", "dataset_statistics.json", "example_batch.msgpack")
@@ -242,6 +241,8 @@ def _to_numpy(tree: Any) -> Any:
 
 def check_params(params: Mapping[str, Any], cfg: OctoConfig, where: Path, model: str | None = None) -> None:
     """Raise a one-line OctoCheckpointError naming the first parameter that differs from the architecture."""
+    from engines.octo.params import flatten, param_shapes  # imports JAX: only where parameters are read
+
     expected = dict(flatten(param_shapes(cfg)))
     found = dict(flatten(params))
     hint = get_hint(model)

@@ -317,3 +317,26 @@ def config_from_release(raw: Mapping[str, Any], example_batch: Mapping[str, Any]
 def same_architecture(a: OctoConfig, b: OctoConfig) -> bool:
     """True when two configs describe the same network (names aside)."""
     return replace(a, name="") == replace(b, name="")
+
+
+# ------------------------------------------------------------------ the engines folder's copy
+UNNORM_KEY = "bridge_dataset"  # the dataset statistics Octo's actions are unnormalised with (eval.policies.octo)
+RANDOM_WEIGHTS_NOTE = "random weights: latency only, success meaningless"
+
+
+def config_to_dict(cfg: OctoConfig) -> dict[str, Any]:
+    """The architecture as plain JSON (the engines folder's manifest keeps it: :mod:`engines.folder`)."""
+    from dataclasses import asdict
+
+    return asdict(cfg)
+
+
+def config_from_dict(d: Mapping[str, Any], where: str = "manifest.json") -> OctoConfig:
+    """:func:`config_to_dict`'s inverse; a config of another shape is one line naming ``where``."""
+    try:
+        cams = tuple(CameraSpec(**{**c, "image_size": tuple(c["image_size"]),
+                                   "stem_features": tuple(c["stem_features"])}) for c in d["cameras"])
+        return OctoConfig(**{**d, "cameras": cams, "t5": T5Spec(**d["t5"])})
+    except (KeyError, TypeError, ValueError) as e:
+        raise OctoCheckpointError(f"{where}: not an Octo architecture of this project ({type(e).__name__}: {e}); "
+                                  "rebuild it with: make engines") from None

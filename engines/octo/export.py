@@ -35,6 +35,7 @@ jax2onnx is imported only when exporting.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -89,23 +90,40 @@ SAMPLER_INPUTS = ("readout", "init_noise", "step_noise")
 def backbone_feeds(cfg: OctoConfig, images: Sequence[Any], masks, lang, lang_mask=None,
                    goals=None) -> dict[str, np.ndarray]:
     """Feeds of the backbone graph from ``OctoModel.predict``'s arguments (``goals``: {camera: uint8 goal
-    image}, :func:`engines.octo.octo_model.goal_arrays`; a camera without one is fed zeros)."""
+    image}, :func:`engines.octo.arrays.goal_arrays`; a camera without one is fed zeros).
+
+    A feed that already has the graph's dtype, shape and C layout is passed on as the same object (no copy), so
+    an array a policy keeps for a try (the language embedding, a goal image, read-only) reaches the runner as
+    itself and TensorRT copies it to the device once (:class:`engines.runners.TensorRtRunner`); the all-ones
+    language mask and the zero goal images are read-only arrays made once per batch size
+    (:func:`constant_feed`), not new arrays per query."""
     b = np.asarray(masks).shape[0]
     # a GPU frame (``__cuda_array_interface__``) stays on the device, for a runner that binds it by address
     feeds = {f"image_{c.name}": img if hasattr(img, "__cuda_array_interface__") else np.ascontiguousarray(img, np.uint8)
              for c, img in zip(cfg.cameras, images)}
-    feeds["lang_embedding"] = np.ascontiguousarray(np.broadcast_to(np.asarray(lang, np.float32),
-                                                                   (b, *np.shape(lang)[1:])))
+    lang_shape = (b, *np.shape(lang)[1:])
+    feeds["lang_embedding"] = (np.ascontiguousarray(lang, np.float32) if np.shape(lang) == lang_shape  # as it is
+                               else np.ascontiguousarray(np.broadcast_to(np.asarray(lang, np.float32), lang_shape)))
     feeds["masks"] = np.ascontiguousarray(masks, np.float32)
-    feeds["lang_mask"] = (np.ones((b,), np.float32) if lang_mask is None
+    feeds["lang_mask"] = (constant_feed((b,), "float32", 1.0) if lang_mask is None
                           else np.ascontiguousarray(lang_mask, np.float32))
-    from engines.octo.octo_model import goal_arrays
+    from engines.octo.arrays import goal_arrays
 
     given = goal_arrays(cfg, goals, b) or {}
     for c in cfg.cameras:
         if c.stack_task_image:
-            feeds[f"goal_{c.name}"] = given.get(c.name, np.zeros((b, *c.image_size, 3), np.uint8))
+            feeds[f"goal_{c.name}"] = given.get(c.name, constant_feed((b, *c.image_size, 3), "uint8", 0))
     return feeds
+
+
+@functools.lru_cache(maxsize=32)
+def constant_feed(shape: tuple[int, ...], dtype: str, value: float) -> np.ndarray:
+    """A read-only array of ``shape`` filled with ``value``, one object per (shape, dtype, value): the same
+    object on every query, which a TensorRT runner copies to the device once (a batch size's zero goal images,
+    its all-ones language mask)."""
+    a = np.full(shape, value, np.dtype(dtype))
+    a.setflags(write=False)
+    return a
 
 
 def sampler_feeds(readout, init_noise, step_noise) -> dict[str, np.ndarray]:
@@ -163,6 +181,21 @@ def params_digest(params) -> str:
         a = np.ascontiguousarray(np.asarray(value))
         h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
         h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def t5_digest(engine) -> str:
+    """sha256 over what an instruction's embedding depends on: the T5 encoder's parameters (names, shapes, dtypes,
+    values, in sorted order) and the tokenizer (its spiece.model's sha256, or the random-weights hash tokenizer)."""
+    from engines.octo.params import flatten
+
+    h = hashlib.sha256()
+    for name, value in sorted(flatten(engine.t5_params), key=lambda item: item[0]):
+        a = np.ascontiguousarray(np.asarray(value))
+        h.update(f"{name}|{a.dtype}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    tok = engine.weights.tokenizer.digest if engine.weights is not None else None
+    h.update(f"tokenizer|{tok or type(engine.tokenizer).__name__}".encode())
     return h.hexdigest()
 
 

@@ -54,6 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from engines.octo.arrays import goal_cameras, unnormalize  # noqa: F401 (unnormalize: re-exported)
 from engines.octo.config import CameraSpec, OctoConfig
 
 Params = Any
@@ -309,11 +310,6 @@ def key_mask(cfg: OctoConfig, masks, lang_mask):
 
 
 # ------------------------------------------------------------------ backbone
-def goal_cameras(cfg: OctoConfig) -> list[str]:
-    """Names of the cameras that stack a goal image (upstream ``task_stack_keys``), in config order."""
-    return [c.name for c in cfg.cameras if c.stack_task_image]
-
-
 def embed_tokens(params, cfg: OctoConfig, images: Sequence[Any], lang_embedding, drop: Sequence[str] = (),
                  goals: Mapping[str, Any] | None = None):
     """Input tokens (B, T, d) of the whole sequence. ``drop``: camera groups left out (reference only);
@@ -555,12 +551,3 @@ def make_infer(cfg: OctoConfig, with_rng: bool = False) -> Callable:
         return infer(params, images, lang, masks, init, steps, goals=goals)
 
     return infer_rng if with_rng else infer
-
-
-def unnormalize(actions, stats: dict[str, np.ndarray]):
-    """Mean/std unnormalisation of upstream ``sample_actions``: dims where ``mask`` is false stay as they are."""
-    mean = np.asarray(stats["mean"], np.float32)
-    std = np.asarray(stats["std"], np.float32)
-    mask = np.asarray(stats.get("mask", np.ones_like(mean, dtype=bool)), bool)
-    a = np.asarray(actions, np.float32)[..., : len(mask)]
-    return np.where(mask, a * std + mean, a)

@@ -28,9 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from engines.octo import checkpoint as ckpt
-from engines.octo.config import ANY_SIZE, PRESETS, OctoConfig
+from engines.octo.arrays import ModelArrays, goal_arrays  # noqa: F401 (goal_arrays: its home was here)
+from engines.octo.config import ANY_SIZE, PRESETS, RANDOM_WEIGHTS_NOTE, UNNORM_KEY, OctoConfig
 from engines.octo.errors import OctoCheckpointError
-from engines.octo.model import goal_cameras, make_infer, noise_from_rng, unnormalize
+from engines.octo.model import make_infer, noise_from_rng, split_key
 from engines.octo.params import init_params, t5_subtree, without_t5
 from engines.octo.t5 import t5_encode
 from engines.octo.text import InstructionCache, make_tokenizer, random_weights_spiece
@@ -38,8 +39,6 @@ from engines.octo.text import InstructionCache, make_tokenizer, random_weights_s
 # Octo's actions are normalised per dataset; the scene is closest to Bridge (delta end-effector position and
 # roll-pitch-yaw in the robot base frame, absolute gripper 1 = open), Octo's most-used zero-shot setting and
 # the key of upstream's own examples. Its mask leaves the gripper dimension as the model outputs it.
-UNNORM_KEY = "bridge_dataset"
-RANDOM_WEIGHTS_NOTE = "random weights: latency only, success meaningless"
 EMBED_CACHE_ENV = "OCTO_EMBED_CACHE"  # a folder: instruction embeddings are also kept there as .npy files
 
 
@@ -54,33 +53,7 @@ def synthetic_statistics(cfg: OctoConfig) -> dict:
                          "note": RANDOM_WEIGHTS_NOTE}}
 
 
-def goal_arrays(cfg: OctoConfig, goals, batch: int) -> dict[str, np.ndarray] | None:
-    """Goal images as the model takes them: {camera: uint8 (batch, H, W, 3)} for the cameras that stack a
-    goal (a (H, W, 3) image or a batch of one is repeated over the batch); None when no goal is given.
-    A camera without task stacking, or an image of the wrong size, is a ValueError (one line)."""
-    if not goals:
-        return None
-    stacked = {c.name: c for c in cfg.cameras if c.name in goal_cameras(cfg)}
-    out = {}
-    for name, img in goals.items():
-        if img is None:
-            continue
-        if name not in stacked:
-            raise ValueError(f"camera {name!r} takes no goal image (goal cameras of {cfg.name}: "
-                             f"{', '.join(stacked) or 'none'})")
-        a = np.asarray(img)
-        a = a[None] if a.ndim == 3 else a
-        want = (*stacked[name].image_size, 3)
-        if a.ndim != 4 or tuple(a.shape[1:]) != want or a.shape[0] not in (1, batch):
-            raise ValueError(f"goal image of camera {name!r} has shape {tuple(np.shape(img))}; "
-                             f"expected {want} or ({batch}, {', '.join(map(str, want))}) uint8")
-        if a.dtype != np.uint8:
-            raise ValueError(f"goal image of camera {name!r} is {a.dtype}, expected uint8")
-        out[name] = np.ascontiguousarray(np.broadcast_to(a, (batch, *want)))
-    return out or None
-
-
-class OctoModel:
+class OctoModel(ModelArrays):
     def __init__(self, cfg: OctoConfig, params: dict, dataset_statistics: dict, *, identity: str, tokenizer,
                  random_weights: bool, path: Path | None = None, embed_cache_dir: str | Path | None = None,
                  weights: "ckpt.OctoWeights | None" = None):
@@ -177,27 +150,18 @@ class OctoModel:
             out = self._infer_rng(self.params, images, lang, masks, rng, **kw)
         return np.asarray(out)
 
+    def new_key(self, seed: int):
+        """A try's key: ``jax.random.PRNGKey(seed)`` (seeds taken modulo 2**32, as the policy gives them)."""
+        return jax.random.PRNGKey(int(seed) % (2 ** 32))
+
+    def split_key(self, rng):
+        """(rng, key) as upstream's evaluation splits a try's key per query (:func:`engines.octo.model.split_key`)."""
+        return split_key(rng)
+
     def draw_noise(self, rng, batch: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """The (init, steps) noise arrays ``predict(rng=rng)`` would use."""
         init, steps = self._noise(rng, batch)
         return np.asarray(init), np.asarray(steps)
-
-    def statistics(self, key: str = UNNORM_KEY) -> dict:
-        if key not in self.dataset_statistics:
-            have = ", ".join(self.dataset_statistics)
-            raise OctoCheckpointError(f"dataset_statistics.json has no {key!r} (has {have})")
-        return self.dataset_statistics[key]["action"]
-
-    def unnormalize(self, actions, key: str = UNNORM_KEY) -> np.ndarray:
-        return unnormalize(actions, self.statistics(key))
-
-    def blank_inputs(self, batch: int = 1):
-        """Zero images, full masks, zero language: shapes of one query (for warm-up and tests)."""
-        cfg = self.cfg
-        images = [np.zeros((batch, cfg.window, *c.image_size, 3), np.uint8) for c in cfg.cameras]
-        masks = np.ones((batch, cfg.window, 1 + len(cfg.cameras)), np.float32)
-        lang = np.zeros((batch, cfg.lang_tokens, cfg.t5.d_model), np.float32)
-        return images, masks, lang
 
     def warmup(self) -> None:
         """Compile the query function (so that the first timed query is not a compilation)."""

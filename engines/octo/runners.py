@@ -88,7 +88,14 @@ class JaxOcto(JaxRunner):
 
 class OnnxOcto(Runner):
     """One Octo query through two graph runners (backbone, sampler), same feeds and output as
-    :class:`JaxOcto`. ``readout`` and ``predict`` take ``OctoModel.predict``'s arguments (tests, benchmarks)."""
+    :class:`JaxOcto`. ``readout`` and ``predict`` take ``OctoModel.predict``'s arguments (tests, benchmarks).
+
+    Host-to-device traffic of the last query (``infer``), over both graphs: ``last_h2d_bytes`` and
+    ``last_h2d_ms``. TensorRT: the host feeds its runners copied and the device time of those copies (CUDA
+    events; frames on the GPU are bound by address and count 0, and so does a read-only feed the runner holds
+    already: the try's language embedding and goal images after its first query); this includes the readout,
+    which comes back to the host between the graphs. ONNX Runtime on the CPU has no device: 0 bytes and no
+    time (None). ONNX Runtime on CUDA copies inside the session, unseen: None for both."""
 
     def __init__(self, cfg: OctoConfig, backbone: Runner, sampler: Runner, counter: CopyCounter | None = None):
         super().__init__()
@@ -99,6 +106,8 @@ class OnnxOcto(Runner):
         self.copies = counter if counter is not None else CopyCounter()
         # TensorRT binds device tensors by address; ONNX Runtime on the CPU needs host arrays
         self.device_feeds = backbone.name == "trt"
+        self.last_h2d_bytes: int | None = None
+        self.last_h2d_ms: float | None = None
 
     def batch_sizes(self, n: int) -> list[int]:
         return [n]
@@ -135,5 +144,18 @@ class OnnxOcto(Runner):
     def _infer(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         images = [feeds[n] for n in image_names(self.cfg)]
         noise = (feeds["init_noise"], np.swapaxes(np.asarray(feeds["step_noise"]), 0, 1))
-        return {"actions": self.predict(images, feeds["masks"], feeds["lang"], noise, goal_feeds(self.cfg, feeds))}
+        self.last_h2d_bytes = self.last_h2d_ms = None
+        out = {"actions": self.predict(images, feeds["masks"], feeds["lang"], noise, goal_feeds(self.cfg, feeds))}
+        parts = [self.h2d_of(r) for r in (self.backbone, self.sampler)]
+        nbytes, ms = [p[0] for p in parts], [p[1] for p in parts]
+        self.last_h2d_bytes = None if None in nbytes else sum(nbytes)
+        self.last_h2d_ms = None if None in ms else sum(ms)
+        return out
+
+    @staticmethod
+    def h2d_of(runner: Runner) -> tuple[int | None, float | None]:
+        """(bytes, ms) a graph runner copied from host to device in its last call (:func:`engines.runners.h2d_of`)."""
+        from engines.runners import h2d_of
+
+        return h2d_of(runner)
 

@@ -9,6 +9,13 @@ first ``warmup_queries`` of a policy object (JIT compilation, caches, lazy
 allocation) go to ``warmup_ms``, the rest to ``latencies_ms``. A policy may
 time its own stages with ``with self.stage("preprocess"): ...`` (also
 ``inference`` and ``postprocess``) for the per-step breakdown.
+
+Beside each timed query's latency the host-to-device traffic of its model call is kept: the bytes copied
+from host to device and the device time of those copies, as the policy's runner reports them after a call
+(``last_h2d_bytes``, ``last_h2d_ms``: TensorRT runners and :class:`engines.octo.runners.OnnxOcto`, which
+says 0 bytes and no time on ONNX Runtime on the CPU). :meth:`Policy.record_fields` gives the try's summary,
+``h2d_bytes_per_query`` (mean) and ``h2d_ms_p50``, which the try record holds beside ``infer_ms``
+(:class:`eval.records.TryRecord`); a runner that reports nothing (JAX, a served model) gives neither.
 """
 
 from __future__ import annotations
@@ -65,12 +72,15 @@ class Policy(abc.ABC):
     # that the scenes of a batch (eval.rollout) share one model call; ``spawn`` gives a policy for another
     # scene that shares the runner and weights
     batchable: bool = False
+    _h2d_of: list | None = None  # the latencies_ms list the host-traffic samples go with (record_latency)
 
     def __init__(self) -> None:
         self.latencies_ms: list[float] = []
         self.warmup_ms: list[float] = []
         self.stage_ms: dict[str, float] = {}  # stages of the last query
         self.queries = 0  # over the object's life: the first warmup_queries are warm-up
+        self._h2d: list[tuple[int | None, float | None]] = []  # (bytes, ms) of each query in latencies_ms
+        self._h2d_of: list | None = None  # the latencies_ms list _h2d goes with (the rollout gives a new one per try)
 
     @contextmanager
     def stage(self, name: str):
@@ -102,9 +112,31 @@ class Policy(abc.ABC):
         return True
 
     def record_fields(self) -> dict[str, Any]:
-        """Fields this policy adds to its try's record (JSON-ready; none by default): a served model's round
-        trips, for one."""
-        return {}
+        """Fields this policy adds to its try's record (JSON-ready): a served model's round trips, for one. By
+        default the try's host-to-device traffic per timed query (:meth:`host_traffic`); subclasses that add
+        their own fields keep these (``{**super().record_fields(), ...}``)."""
+        return self.host_traffic()
+
+    def last_h2d(self) -> tuple[int | None, float | None]:
+        """(bytes, ms) its runner copied from host to device in its last call, as the runner reports them
+        (``last_h2d_bytes``, ``last_h2d_ms``: TensorRT runners, Octo's graph pair); (None, None) where it does not
+        (a bare ONNX Runtime or JAX runner, no runner)."""
+        runner = getattr(self, "runner", None)
+        return getattr(runner, "last_h2d_bytes", None), getattr(runner, "last_h2d_ms", None)
+
+    def host_traffic(self) -> dict[str, Any]:
+        """``h2d_bytes_per_query``: mean host-to-device bytes per timed query (those in ``latencies_ms``, warm-up
+        excluded) and ``h2d_ms_p50``: the median device time of those copies (ms); each only when every such
+        query's runner reported it (ONNX Runtime on the CPU: bytes 0, no time)."""
+        samples = self._h2d if self._h2d_of is self.latencies_ms else []
+        samples = samples[-len(self.latencies_ms):] if self.latencies_ms else []
+        out: dict[str, Any] = {}
+        nbytes, ms = [b for b, _ in samples], [t for _, t in samples]
+        if samples and None not in nbytes:
+            out["h2d_bytes_per_query"] = round(float(np.mean(nbytes)), 1)
+        if samples and None not in ms:
+            out["h2d_ms_p50"] = float(f"{float(np.median(ms)):.3g}")  # 3 significant digits, as infer_ms
+        return out
 
     def moved_image_bytes(self) -> int:
         """Image bytes the policy's runner has moved between host and device so far (0: none, or no runner
@@ -115,9 +147,17 @@ class Policy(abc.ABC):
     def prepare_batch(self, n: int) -> None:
         """Called once before a rollout of ``n`` scenes: compile or warm the model for that batch (untimed)."""
 
-    def record_latency(self, ms: float) -> None:
-        """One query's time: warm-up for the first ``warmup_queries`` of this object, latency after."""
-        (self.warmup_ms if self.queries < self.warmup_queries else self.latencies_ms).append(ms)
+    def record_latency(self, ms: float, h2d: tuple[int | None, float | None] = (None, None)) -> None:
+        """One query's time: warm-up for the first ``warmup_queries`` of this object, latency after; ``h2d``:
+        the (bytes, ms) its model call copied from host to device (:meth:`last_h2d`), kept beside a latency."""
+        if self.queries < self.warmup_queries:
+            self.warmup_ms.append(ms)
+        else:
+            if self._h2d_of is not self.latencies_ms:  # a new list (a new try, a spawned policy): start again
+                self._h2d, self._h2d_of = [], self.latencies_ms
+            self.latencies_ms.append(ms)
+            self._h2d.append(h2d)
+            del self._h2d[:-len(self.latencies_ms)]  # one sample per latency, whatever emptied the list
         self.queries += 1
 
     def query(self, observation: Mapping[str, Any]) -> np.ndarray:
@@ -163,7 +203,7 @@ def query_members(members: Sequence[Policy], observations: Sequence[Mapping[str,
     with lead.stage("preprocess"):
         parts = [m.encode(o) for m, o in zip(members, observations)]
     ran = [p is not None for p in parts]
-    outputs, rows = None, {}
+    outputs, rows, h2d = None, {}, (None, None)
     if any(ran):
         with lead.stage("preprocess"):
             rows = {i: r for r, i in enumerate(i for i, p in enumerate(parts) if p is not None)}
@@ -171,11 +211,12 @@ def query_members(members: Sequence[Policy], observations: Sequence[Mapping[str,
             feeds = {k: concat_rows([p[k] for p in used]) for k in used[0]}
         with lead.stage("inference"):
             outputs = lead.infer(feeds)
+        h2d = lead.last_h2d()
     with lead.stage("postprocess"):
         actions = [check_action(lead.name, m.decode(outputs if i in rows else None, rows.get(i, -1)))
                    for i, m in enumerate(members)]
     ms = (time.perf_counter() - t0) * 1e3
     for m, r in zip(members, ran):
         if r:
-            m.record_latency(ms)
+            m.record_latency(ms, h2d)
     return np.stack(actions), dict(lead.stage_ms), ran

@@ -54,11 +54,15 @@ Backends: the policy receives its runner from the one backend factory
 (:func:`engines.backends.model_runner`, assembled by :class:`eval.request.OctoConfig`):
 ``jax`` runs the jitted JAX model (on the CPU, or on the GPU where JAX has CUDA); ``ort``
 runs the exported ONNX graphs (backbone, unrolled sampler; see :mod:`engines.octo.export`)
-through ONNX Runtime on the CPU; ``trt`` builds TensorRT engines from them
-(fp16 unless asked: ``engines.backends.MODEL_RUNTIMES``) and runs them on the GPU. The noise of every query is drawn from the
-try's key in JAX for all backends, so equal seeds give the same actions on every backend
-(to float rounding). The instruction embedding (T5) always runs in JAX, once per
-instruction.
+through ONNX Runtime on the CPU; ``trt`` runs the TensorRT engines ``make engines`` built from them
+(fp16 unless asked: ``engines.backends.MODEL_RUNTIMES``) on the GPU. On ``ort`` and ``trt`` a run's model
+is the engines folder's (:class:`engines.octo.deployed.DeployedOcto`: no JAX), on ``jax`` the loaded
+checkpoint (:class:`engines.octo.octo_model.OctoModel`). Either makes the try's key and draws every
+query's noise as JAX does (``engine.new_key``, ``split_key``, ``draw_noise``: JAX itself, or
+:mod:`engines.octo.prng`, its threefry in NumPy: the same keys, normals to a few ulps), so equal seeds
+give the same actions on every backend (to float rounding). The instruction embedding is T5's, run in JAX
+once per instruction by the loaded model, or computed by ``make engines`` for every instruction of every
+task list and looked up.
 
 Frames on the GPU: camera frames that arrive as torch tensors (GPU scenes render into CUDA
 tensors) are preprocessed with torch on their device (the same crop and rounding, byte for
@@ -354,7 +358,7 @@ class OctoPolicy(Policy):
         (language only), a (uint8 HxWx3 image, sha256) pair, or a callable ``(seed, instruction) -> image``
         called at every reset (:class:`SolvedGoal`); the image goes to the primary camera."""
         super().__init__()
-        from engines.octo.octo_model import UNNORM_KEY
+        from engines.octo.config import UNNORM_KEY
 
         self.engine = engine
         self.runner = runner
@@ -386,7 +390,7 @@ class OctoPolicy(Policy):
         self._goal: dict[str, np.ndarray] | None = None  # {camera: (1, H, W, 3)} preprocessed, this try's
         self._goal_fields: dict[str, str] = {}
         if goal is not None:
-            from engines.octo.model import goal_cameras
+            from engines.octo.arrays import goal_cameras
 
             if GOAL_CAMERA not in goal_cameras(cfg):
                 raise GoalImageError(f"{self.name}'s {GOAL_CAMERA} camera takes no goal image")
@@ -403,17 +407,18 @@ class OctoPolicy(Policy):
         self._start = start
 
     def reset(self, instruction: str, seed: int | None = None) -> None:
-        import jax
-
         if not self._warm:
             self._warmup()
             self._warm = True
-        self._lang = self.engine.embed(instruction)[None]
+        # the try's own read-only copy, fed as this same object on every query: TensorRT copies it to the device
+        # once per try (the engines folder's embeddings are writable arrays; a view of one would be copied each time)
+        self._lang = np.array(self.engine.embed(instruction)[None], np.float32, order="C")
+        self._lang.setflags(write=False)
         if self._goal_source is not None:  # this try's own goal, from its start
             raw = np.ascontiguousarray(self._goal_source(self._start, instruction))
             self._set_goal(raw)
             self._goal_fields["goal_sha256"] = hashlib.sha256(raw.tobytes()).hexdigest()
-        self._rng = jax.random.PRNGKey(int(seed or 0) % (2 ** 32))
+        self._rng = self.engine.new_key(int(seed or 0))  # the try's key: jax.random.PRNGKey(seed), JAX or not
         self._history.clear()
         self._num_obs = 0
         self._queue = []
@@ -439,10 +444,8 @@ class OctoPolicy(Policy):
         self._num_obs += 1
         if self._queue and not self.temporal_ensembling:
             return None
-        from engines.octo.model import split_key
-
         images, masks = self.model_inputs()
-        self._rng, key = split_key(self._rng)  # as upstream's evaluation splits a try's key per query
+        self._rng, key = self.engine.split_key(self._rng)  # as upstream's evaluation splits a try's key per query
         init, steps = self.engine.draw_noise(key)  # the draws predict(rng=key) makes
         feeds = {f"image_{c.name}": img for c, img in zip(self.cfg.cameras, images)}
         feeds.update({f"goal_{k}": g for k, g in (self._goal or {}).items()})
@@ -451,8 +454,8 @@ class OctoPolicy(Policy):
 
     def record_fields(self) -> dict[str, Any]:
         """The goal image of the try when one was given (``goal_image``: "file" or "solved", ``goal_sha256``);
-        nothing for language only."""
-        return dict(self._goal_fields)
+        nothing for language only; and the host-to-device traffic per query (:meth:`Policy.record_fields`)."""
+        return {**super().record_fields(), **self._goal_fields}
 
     def decode(self, outputs: Mapping[str, np.ndarray] | None, row: int) -> np.ndarray:
         if outputs is not None:
@@ -520,10 +523,8 @@ class OctoPolicy(Policy):
         return images, masks
 
     def _blank_feeds(self, batch: int) -> dict[str, np.ndarray]:
-        import jax
-
         images, masks, lang = self.engine.blank_inputs(batch)
-        init, steps = self.engine.draw_noise(jax.random.PRNGKey(0), batch)
+        init, steps = self.engine.draw_noise(self.engine.new_key(0), batch)
         feeds = {f"image_{c.name}": img for c, img in zip(self.cfg.cameras, images)}
         if self._goal_source is not None or self._goal is not None:  # the goal's inputs compile another function
             cam = next(c for c in self.cfg.cameras if c.name == GOAL_CAMERA)
@@ -537,7 +538,11 @@ class OctoPolicy(Policy):
         if img.ndim != 3 or img.shape[-1] < 3:
             raise GoalImageError(f"a goal image of shape {img.shape}; expected HxWx3")
         g = preprocess(img, cam.image_size, average_crop=cam.obs_key in AUGMENTED_KEYS)
-        self._goal = {GOAL_CAMERA: g[None]}
+        # one read-only array of its own for the try, fed as this same object on every query: a TensorRT runner
+        # copies it to the device once (engines.runners.TensorRtRunner), not on every query
+        goal = np.array(g[None], np.uint8, order="C")  # the crop's result is not C-ordered
+        goal.setflags(write=False)
+        self._goal = {GOAL_CAMERA: goal}
         return g
 
     def _warmup(self) -> None:

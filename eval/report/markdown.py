@@ -389,6 +389,13 @@ def _latency_section(summaries: Mapping[str, dict], pictures: set[str]) -> list[
         L += _table(["Model", "Queries", "Mean ms", "p50", "p90", "p99", "Max", "Warm-up queries", "Machine"], rows,
                     ["l"] + ["r"] * 7 + ["l"])
         L.append("")
+    traffic = [(n, s["host_traffic"]) for n, s in have.items() if s.get("host_traffic")]
+    if traffic:  # what each query copied from host to device (TensorRT counts it; CPU runtimes copy nothing)
+        L += [f"Host to device per query{' (' + n + ')' if len(summaries) > 1 else ''}: "
+              f"{t['bytes_per_query']:,.0f} bytes, copy time p50 "
+              f"{_num(t['ms_p50'], '.3g') + ' ms' if t['ms_p50'] is not None else 'n/a (no device)'}."
+              for n, t in traffic]
+        L.append("")
     steps = {n: s["secondary"]["step_ms"] for n, s in have.items() if s["secondary"].get("step_ms")}
     if steps:
         from eval.rollout import STAGES

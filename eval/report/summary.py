@@ -19,6 +19,7 @@ import numpy as np
 
 from env.predicate import VETO_FLAGS
 from eval.records import FLAG_NAMES  # noqa: F401 - the report lists every flag a record can hold
+from eval.records import HOST_TRAFFIC_FIELDS
 from env.setups import DIFFICULTIES, FULL_BOARD_IDS, GROUPS, SCORED_IDS, SETUPS, difficulty_of, group_of
 from eval.stats import (
     ci_list,
@@ -278,10 +279,40 @@ def build_summary(records: Iterable[Mapping], *, model: str | None = None,
     served = served_latency(scored)
     if served is not None:  # only runs of a model behind a server (eval.remote) have it
         summary["served"] = served
+    traffic = host_traffic(scored)
+    if traffic is not None:  # only records whose runner reported its host-to-device copies have it
+        summary["host_traffic"] = traffic
     if meta["appearance"] is not None:  # camera models' records name what their frames looked like
         summary["appearance"] = meta["appearance"]
     json.dumps(summary, allow_nan=False)  # JSON-safe by construction; fail loudly if not
     return summary
+
+
+def host_traffic(records: Sequence[Mapping]) -> dict | None:
+    """Host-to-device traffic per model query over the tries that record it (``h2d_bytes_per_query``,
+    ``h2d_ms_p50``: :data:`eval.records.HOST_TRAFFIC_FIELDS`): ``bytes_per_query`` (mean over the queries,
+    each try weighted by its timed queries, ``infer_ms``), ``ms_p50`` (median of the tries' medians; None where
+    no try timed its copies: ONNX Runtime on the CPU) and ``tries``; None when no record has it. A value that is
+    not a finite number >= 0 is a ReportError naming the record."""
+    rows = []
+    for r in records:
+        values = {}
+        for key in HOST_TRAFFIC_FIELDS:
+            v = r.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or finite(v) is None
+                                  or float(v) < 0):
+                raise ReportError(f"record setup={r.get('setup')!r}, try={r.get('try')!r}: {key} is {v!r}, "
+                                  "expected a number >= 0")
+            values[key] = None if v is None else float(v)
+        if values["h2d_bytes_per_query"] is not None:
+            n = len(r["infer_ms"]) if isinstance(r.get("infer_ms"), list) and r["infer_ms"] else 1
+            rows.append((values["h2d_bytes_per_query"], values["h2d_ms_p50"], n))
+    if not rows:
+        return None
+    weights = np.array([n for _, _, n in rows], float)
+    ms = [m for _, m, _ in rows if m is not None]
+    return {"tries": len(rows), "bytes_per_query": float(np.average([b for b, _, _ in rows], weights=weights)),
+            "ms_p50": float(np.median(ms)) if ms else None}
 
 
 def served_latency(records: Sequence[Mapping]) -> dict | None:

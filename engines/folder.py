@@ -1,0 +1,144 @@
+"""The engines folder: the contract between ``make engines`` (which writes it) and a run (which reads it alone).
+
+``python -m engines.build`` writes into one folder (``build/engines`` unless ``--out``) everything a run of a model
+on ONNX Runtime or TensorRT needs, and ``eval.run``, ``eval.orin`` and ``eval.serve`` (``--engines DIR``) run
+from it with no checkpoint, no Hugging Face cache, no JAX, no export and no engine build::
+
+    manifest.json                           what follows, per model, with the sha256 of every file
+    octo_small_backbone.onnx                the two graphs (engines.octo.export) ...
+    octo_small_sampler.onnx
+    octo_small_backbone.int8.onnx           ... the backbone's INT8 Q/DQ copy (engines.quantize)
+    octo_small_backbone.ort.onnx            ... and the graphs as ONNX Runtime loads them (engines.octo.optimize)
+    octo_small_sampler.ort.onnx
+    octo_small.statistics.json              the checkpoint's dataset statistics (unnormalisation)
+    octo_small.instructions.npz             T5 embeddings of every instruction of every task list
+    octo_small_backbone_fp16_trt10_...engine  TensorRT engines (+ .json sidecar: their strict key)
+    bc_state.onnx, ...                      bc-state's graph (its weights ship with the project)
+
+``manifest.json`` is ``{"format": FORMAT, "models": {name: entry}}``; an entry names its files (``files``: name ->
+sha256) and says where the weights came from (``weights``: the resolved files' repo, commit and sha256 as a run
+records them, or null for random weights; ``source``: the identity the exporter saw). Octo's entry also holds its
+architecture (``config``), the T5 weights' digest (``t5_sha256``) the embeddings were computed with, and the
+TensorRT engines built (``tensorrt``: file -> key). Every file is checked against its sha256 when a run reads
+the entry: a truncated or replaced file is one line naming it and the command that rebuilds it.
+
+Nothing here imports JAX, onnx or TensorRT.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+FORMAT = "shape-assembly-bench/engines/1"
+MANIFEST = "manifest.json"
+REBUILD = "make engines"
+
+
+class EnginesFolderError(ValueError):
+    """An engines folder a run cannot use (one line: the file and the command that rebuilds it)."""
+
+
+def default_dir() -> Path:
+    """``build/engines`` of this checkout: where ``make engines`` writes."""
+    from engines.octo.export import BUILD_DIR
+
+    return BUILD_DIR
+
+
+def build_command(model: str, folder: Path, options: str = "") -> str:
+    """The command that builds ``model`` into ``folder`` (with ``options``, e.g. ``--random-weights``)."""
+    folder = Path(folder)
+    command = f"python -m engines.build --models {model}" + (f" {options}" if options else "")
+    if folder.resolve() == default_dir().resolve():
+        return command if options else f"make engines (or {command})"
+    return f"{command} --out {folder}"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_manifest(folder: str | Path, model: str = "") -> dict[str, Any]:
+    """The folder's manifest (an empty one when the folder has none yet and ``model`` is empty: a build)."""
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not path.is_file():
+        if not model:
+            return {"format": FORMAT, "models": {}}
+        raise EnginesFolderError(f"{path} does not exist: {folder} holds no engines; build them with: "
+                                 f"{build_command(model, folder)}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise EnginesFolderError(f"{path} cannot be read ({type(e).__name__}); rebuild it with: "
+                                 f"{build_command(model or 'MODEL', folder)}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("models"), dict):
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise EnginesFolderError(f"{path} is not an engines manifest of this project ({found!r}, expected "
+                                 f"{FORMAT!r}); rebuild it with: {build_command(model or 'MODEL', folder)}")
+    return data
+
+
+def write_entry(folder: str | Path, model: str, entry: dict[str, Any], files: list[str]) -> dict[str, Any]:
+    """Record ``model``'s entry with the sha256 of each of ``files`` (names in ``folder``); the manifest is
+    replaced whole (a reader never sees half of it). Returns the entry as written."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    entry = {**entry, "files": {name: sha256_file(folder / name) for name in sorted(set(files))}}
+    manifest["models"][model] = entry
+    tmp = folder / f".{MANIFEST}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, folder / MANIFEST)
+    return entry
+
+
+def add_files(folder: str | Path, model: str, files: dict[str, Any], key: str | None = None) -> None:
+    """Add files (name -> what ``entry[key]`` keeps of each, e.g. a TensorRT engine's key) to ``model``'s entry."""
+    folder = Path(folder)
+    manifest = read_manifest(folder, model)
+    entry = manifest["models"].get(model)
+    if entry is None:
+        raise EnginesFolderError(f"{folder / MANIFEST} has no {model}; build it with: {build_command(model, folder)}")
+    for name, value in files.items():
+        entry["files"][name] = sha256_file(folder / name)
+        if key is not None and value is not None:
+            entry.setdefault(key, {})[name] = value
+    tmp = folder / f".{MANIFEST}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, folder / MANIFEST)
+
+
+def model_entry(folder: str | Path, model: str, verify: bool = True) -> dict[str, Any]:
+    """``model``'s entry of the folder's manifest, each of its files checked against its sha256 (``verify``).
+    One line (EnginesFolderError) for a missing manifest, model or file, or a file that changed."""
+    folder = Path(folder)
+    entry = read_manifest(folder, model)["models"].get(model)
+    if not isinstance(entry, dict) or not isinstance(entry.get("files"), dict):
+        raise EnginesFolderError(f"{folder / MANIFEST} has no {model}; build it with: {build_command(model, folder)}")
+    if verify:
+        for name, sha in entry["files"].items():
+            path = folder / name
+            if not path.is_file():
+                raise EnginesFolderError(f"{path} is missing (listed in {MANIFEST}); rebuild it with: "
+                                         f"{build_command(model, folder)}")
+            if sha256_file(path) != sha:
+                raise EnginesFolderError(f"{path} is not the file {MANIFEST} lists (truncated or replaced: its "
+                                         f"sha256 differs); rebuild it with: {build_command(model, folder)}")
+    return entry
+
+
+def file_of(folder: str | Path, entry: dict[str, Any], name: str | None, what: str, model: str) -> Path:
+    """The path of one of the entry's files, which must be listed (one line otherwise)."""
+    folder = Path(folder)
+    if not name or name not in entry.get("files", {}):
+        raise EnginesFolderError(f"{folder / MANIFEST} lists no {what} of {model}; build it with: "
+                                 f"{build_command(model, folder)}")
+    return folder / name
