@@ -15,6 +15,13 @@ Modules:
   random-weights fallback, the instruction-embedding cache;
 - :mod:`~engines.octo.octo_model`: :class:`OctoModel`, everything above behind ``embed`` / ``predict``.
 
+And what a run on ONNX Runtime or TensorRT uses instead, without JAX:
+
+- :mod:`~engines.octo.deployed`: :class:`DeployedOcto`, the model as ``make engines`` left it in the engines folder
+  (its graphs, architecture, dataset statistics and instruction embeddings);
+- :mod:`~engines.octo.prng`: JAX's threefry2x32 in NumPy (the same keys and noise draws from the same seed);
+- :mod:`~engines.octo.arrays`: goal images, unnormalisation and blank inputs as NumPy arrays (both models').
+
 Errors (:class:`OctoError` and subclasses) carry one-line messages.
 """
 
