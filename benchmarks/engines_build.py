@@ -27,7 +27,7 @@ from benchmarks.common import BenchmarkError, machine, parser, print_table, run_
 NAME = "engines_build"
 MODULE = "benchmarks.engines_build"
 FRESH_TARGET_S = 120.0
-UNCHANGED_TARGET_S = 30.0
+UNCHANGED_TARGET_S = 11.0  # issue #44: "make engines unchanged weights: <= 11 s as now"
 
 
 def build_once(extra: Sequence[str], out: Path, cache: Path, queries: Path) -> dict:

@@ -190,7 +190,8 @@ def _octo_entry(model: str, out: Path, built: list, int8: Path | None, args) -> 
     if int8 is not None:
         graphs["backbone_int8"] = int8.name
     for name in list(graphs):  # the graph as ONNX Runtime loads it, rewritten once here (engines.octo.optimize)
-        rewritten = ort_optimized(out / graphs[name], cache=out)
+        path = out / graphs[name]
+        rewritten = args.rewritten.get(path) or ort_optimized(path, cache=out)
         graphs[f"{name}_ort"] = rewritten.name
     stats = out / statistics_file(stem)
     text = json.dumps(engine.dataset_statistics, indent=1, sort_keys=True) + "\n"
@@ -210,7 +211,7 @@ def _embeddings(engine, path: Path, extra: list[str]) -> tuple[str, Path]:
     """T5 embeddings of every instruction the benchmark's task lists say (and ``extra``), kept in ``path`` with the
     T5 weights' and tokenizer's digest; only instructions not there yet (or all, for other T5 weights) are
     encoded."""
-    from env.task import all_instructions
+    from env.instructions import all_instructions
     from engines.octo.deployed import read_embeddings, text_key, write_embeddings
     from engines.octo.export import t5_digest
 
@@ -396,6 +397,7 @@ def main(argv=None) -> int:
         return 2
     args.octo_weights = {}
     args.octo_models, args.octo_entries = {}, {}  # Octo models loaded for the folder's entries; entries made elsewhere
+    args.rewritten = {}  # graph -> its ONNX Runtime rewrite, made in the optimise stage
     weights_rows = []
     if octo and not args.random_weights and not args.onnx_from:
         from engines.hub import HubError
@@ -433,7 +435,7 @@ def main(argv=None) -> int:
 
                     with timer.stage(name, "optimise"):  # the load-time rewrite ONNX Runtime runs, into the folder
                         for _, path, _ in built:
-                            ort_optimized(path, cache=out)
+                            args.rewritten[path] = ort_optimized(path, cache=out)
             except Skipped as e:
                 by_model[name].append((name, "onnx", "skipped", str(e)))
                 continue

@@ -16,7 +16,8 @@ from it with no checkpoint, no Hugging Face cache, no JAX, no export and no engi
     bc_state.onnx, ...                      bc-state's graph (its weights ship with the project)
 
 ``manifest.json`` is ``{"format": FORMAT, "models": {name: entry}}``; an entry names its files (``files``: name ->
-sha256) and says where the weights came from (``weights``: the resolved files' repo, commit and sha256 as a run
+sha256; ``stat``: each one's size and modification time when hashed, so that a build with nothing changed hashes
+nothing again, while a run hashes every file) and says where the weights came from (``weights``: the resolved files' repo, commit and sha256 as a run
 records them, or null for random weights; ``source``: the identity the exporter saw). Octo's entry also holds its
 architecture (``config``), the T5 weights' digest (``t5_sha256``) the embeddings were computed with, and the
 TensorRT engines built (``tensorrt``: file -> key). Every file is checked against its sha256 when a run reads
@@ -87,12 +88,29 @@ def read_manifest(folder: str | Path, model: str = "") -> dict[str, Any]:
     return data
 
 
+def _stat(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _sha256(folder: Path, name: str, before: dict[str, Any]) -> tuple[str, list[int]]:
+    """(sha256, [size, mtime_ns]) of a file; the sha256 the last build listed when the file has not changed since
+    (same size and modification time, as git's index trusts them): a build with nothing changed hashes nothing."""
+    stat = _stat(folder / name)
+    old = (before.get("stat") or {}).get(name)
+    if old == stat and name in (before.get("files") or {}):
+        return before["files"][name], stat
+    return sha256_file(folder / name), stat
+
+
 def write_entry(folder: str | Path, model: str, entry: dict[str, Any], files: list[str]) -> dict[str, Any]:
     """Record ``model``'s entry with the sha256 of each of ``files`` (names in ``folder``); the manifest is
     replaced whole (a reader never sees half of it). Returns the entry as written."""
     folder = Path(folder)
     manifest = read_manifest(folder)
-    entry = {**entry, "files": {name: sha256_file(folder / name) for name in sorted(set(files))}}
+    before = manifest["models"].get(model) or {}
+    hashed = {name: _sha256(folder, name, before) for name in sorted(set(files))}
+    entry = {**entry, "files": {n: h[0] for n, h in hashed.items()}, "stat": {n: h[1] for n, h in hashed.items()}}
     manifest["models"][model] = entry
     tmp = folder / f".{MANIFEST}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
@@ -108,7 +126,7 @@ def add_files(folder: str | Path, model: str, files: dict[str, Any], key: str | 
     if entry is None:
         raise EnginesFolderError(f"{folder / MANIFEST} has no {model}; build it with: {build_command(model, folder)}")
     for name, value in files.items():
-        entry["files"][name] = sha256_file(folder / name)
+        entry["files"][name], entry.setdefault("stat", {})[name] = _sha256(folder, name, entry)
         if key is not None and value is not None:
             entry.setdefault(key, {})[name] = value
     tmp = folder / f".{MANIFEST}.{os.getpid()}.tmp"

@@ -29,7 +29,7 @@ import tempfile
 import numpy as np
 from scipy.optimize import linprog
 
-SHAPES = ("circle", "square", "triangle")  # also the board cell order
+from env.instructions import SHAPES  # noqa: E402 (the one definition; also the board cell order)
 
 BLOCK_HEIGHT = 0.040
 SQUARE_SIDE = 0.040

@@ -123,15 +123,7 @@ _PARK_XY = (-1.2, 1.2)  # unused blocks wait on the floor out of every view
 
 HOLD_ACTION = torch.tensor(HOLD_ACTION_VALUES)  # no motion, gripper open
 
-INSTRUCTION = "put the {shape} block into the {shape} hole"
-INSTRUCTION_FULL_BOARD = "put every block into its matching hole"
-
-
-def all_instructions() -> tuple[str, ...]:
-    """Every instruction a try of any task list says: one per target shape, and the full board's."""
-    from env.geometry import SHAPES
-
-    return tuple(INSTRUCTION.format(shape=s) for s in SHAPES) + (INSTRUCTION_FULL_BOARD,)
+from env.instructions import INSTRUCTION, INSTRUCTION_FULL_BOARD, all_instructions  # noqa: E402,F401
 
 
 def _mesh_cache_dir() -> Path:

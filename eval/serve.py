@@ -81,7 +81,7 @@ class ServedModel:
         self.lock = threading.Lock()  # one engine call at a time, whatever the connections
         policy.prepare_batch(1)
         if getattr(policy, "observes", "state") == "cameras":
-            from env.task import all_instructions
+            from env.instructions import all_instructions
 
             # compiles the query of one scene (Octo), untimed; an instruction every engines folder has embedded
             policy.reset(all_instructions()[0], seed=0)

@@ -23,7 +23,7 @@ pytest.importorskip("jax")
 
 from engines import folder as engines_folder  # noqa: E402
 from engines.folder import EnginesFolderError  # noqa: E402
-from env.task import all_instructions  # noqa: E402
+from env.instructions import all_instructions  # noqa: E402
 from tests.conftest import REPO_ROOT  # noqa: E402
 
 pytestmark = pytest.mark.slow
