@@ -28,11 +28,12 @@ Nothing here imports JAX, onnx or TensorRT.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
+
+from env.cache import sha256_file  # the project's one file digest
 
 FORMAT = "shape-assembly-bench/engines/1"
 MANIFEST = "manifest.json"
@@ -57,14 +58,6 @@ def build_command(model: str, folder: Path, options: str = "") -> str:
     if folder.resolve() == default_dir().resolve():
         return command if options else f"make engines (or {command})"
     return f"{command} --out {folder}"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_manifest(folder: str | Path, model: str = "") -> dict[str, Any]:

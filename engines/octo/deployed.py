@@ -123,8 +123,8 @@ class DeployedOcto(ModelArrays):
         ``precision`` int8: the backbone's Q/DQ graph (the sampler stays fp32)."""
         graphs = self.entry.get("graphs") or {}
         name = part if not (precision == "int8" and part == "backbone") else "backbone_int8"
-        if loaded_by == "ort":
-            name = graphs.get(f"{name}_ort") and f"{name}_ort" or name
+        if loaded_by == "ort" and f"{name}_ort" in graphs:
+            name = f"{name}_ort"
         if name not in graphs and precision == "int8":
             raise engines_folder.EnginesFolderError(
                 f"{self.folder / engines_folder.MANIFEST} lists no INT8 graph of {self.model}; build it with: "
@@ -146,8 +146,7 @@ class DeployedOcto(ModelArrays):
         return prng.prng_key(int(seed) % (2 ** 32))
 
     def split_key(self, rng) -> tuple[np.ndarray, np.ndarray]:
-        rng, key = prng.split(np.asarray(rng, np.uint32))
-        return rng, key
+        return prng.split_key(np.asarray(rng, np.uint32))
 
     def draw_noise(self, rng, batch: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """The (init, steps) noise ``OctoModel.draw_noise`` draws from the same key (to float rounding)."""
