@@ -121,7 +121,8 @@ def interleaved(calls: dict, n: int, warmup: int, rounds: int) -> tuple[dict, di
 class OrtVariant:
     """One pair of ONNX graphs timed on ONNX Runtime: ``rewrite`` runs it as the ORT runner does by default
     (:mod:`engines.octo.optimize`); ``settings`` the session settings to try, each (intra-op threads, extra
-    session config entries) (() = this process's cores, ORT's defaults)."""
+    session config entries) (() = this process's cores, ORT's defaults); ``sampler_threads`` the sampler
+    session's intra-op threads (None: the backbone's)."""
 
     name: str
     precision: str
@@ -129,6 +130,7 @@ class OrtVariant:
     sampler: Path
     rewrite: bool = True
     settings: tuple[tuple[int, tuple[tuple[str, str], ...]], ...] = ()
+    sampler_threads: int | None = None
 
     def trials(self, cores: int) -> list[tuple[int, dict]]:
         return [(t, dict(c)) for t, c in (self.settings or ((cores, ()),))]
@@ -140,11 +142,19 @@ NO_SPIN = (("session.intra_op.allow_spinning", "0"), ("session.dynamic_block_bas
 
 
 def default_variants(graphs, digest: str, cores: int) -> list[OrtVariant]:
-    """fp32 as ``--backend ort`` runs it (rewritten, at the cores and at 1 thread), fp32 as exported (what ran
-    before the rewrites) and any INT8 graphs of these weights found beside the fp32 ones."""
+    """fp32 as ``--backend ort`` runs it (rewritten, the backbone at the cores and at 1 thread, the sampler at
+    the family's sampler threads), the same with the sampler at the backbone's threads (two thread pools, what
+    ran before), fp32 as exported (what ran before the rewrites) and any INT8 graphs of these weights found
+    beside the fp32 ones."""
+    from engines.backends import MODEL_RUNTIMES
+
+    sampler_threads = MODEL_RUNTIMES["octo"].ort_sampler_threads
     settings = ((cores, ()), (cores, NO_SPIN), (1, ())) if cores > 1 else ((1, ()),)
-    out = [OrtVariant("fp32", "fp32", graphs.backbone, graphs.sampler, True, settings),
-           OrtVariant("fp32 as exported", "fp32", graphs.backbone, graphs.sampler, False, ((cores, ()),))]
+    out = [OrtVariant("fp32", "fp32", graphs.backbone, graphs.sampler, True, settings, sampler_threads)]
+    if cores > 1 and sampler_threads is not None and sampler_threads != cores:
+        out.append(OrtVariant("fp32 sampler at backbone threads", "fp32", graphs.backbone, graphs.sampler, True,
+                              ((cores, ()),)))
+    out.append(OrtVariant("fp32 as exported", "fp32", graphs.backbone, graphs.sampler, False, ((cores, ()),)))
     try:
         from engines.quantize import find_int8, int8_name
 
@@ -296,8 +306,8 @@ def run(cfg: BenchConfig, variants: list[OrtVariant] | None = None) -> dict:
                                                    "".join(f" {k}={x}" for k, x in conf.items()))
             m = OnnxOcto(ocfg, OnnxRuntimeRunner(v.backbone, "cpu", intra_op_threads=t, rewrite=v.rewrite,
                                                  session_config=conf),
-                         OnnxRuntimeRunner(v.sampler, "cpu", intra_op_threads=t, rewrite=v.rewrite,
-                                           session_config=conf)).activate()
+                         OnnxRuntimeRunner(v.sampler, "cpu", intra_op_threads=v.sampler_threads or t,
+                                           rewrite=v.rewrite, session_config=conf)).activate()
             got = m.predict(images, masks, lang, noise)
             readout = m.readout(images, masks, lang)
             models[label] = {"variant": v, "threads": t, "session_config": conf, "model": m, "readout": readout,
@@ -325,7 +335,8 @@ def run(cfg: BenchConfig, variants: list[OrtVariant] | None = None) -> dict:
         m, v = e["model"], e["variant"]
         bb_ms, sm_ms = parts[(label, "backbone")], parts[(label, "sampler")]
         rows.append({"name": label, "variant": v.name, "precision": v.precision, "rewrite": v.rewrite,
-                     "intra_op_threads": e["threads"], "session_config": e["session_config"], "optimization": "all",
+                     "intra_op_threads": e["threads"],
+                     "sampler_intra_op_threads": v.sampler_threads or e["threads"], "session_config": e["session_config"], "optimization": "all",
                      "graphs": {"backbone": str(m.backbone.loaded_path), "sampler": str(m.sampler.loaded_path)},
                      **summary(wall[label]), "cpu_ms_per_query": round(cpu[label], 1),
                      "backbone": summary(bb_ms), "sampler": summary(sm_ms),

@@ -45,6 +45,9 @@ class FamilyRuntime:
     trt_precision: str
     trt_batch_max: int
     ort_threads: int | None = None
+    # Octo's sampler (68 MFLOP a query over ten ~0.1 ms denoising steps): one thread, so its session has no
+    # thread pool of its own spinning against the backbone's on the same cores (benchmarks.octo_ort_vs_jax)
+    ort_sampler_threads: int | None = None
 
 
 MODEL_RUNTIMES = {
@@ -52,7 +55,7 @@ MODEL_RUNTIMES = {
     # batch 1 (workers share the cores, more threads gain nothing)
     "bc-state": FamilyRuntime(("ort", "trt", "torch"), trt_precision="fp32", trt_batch_max=256, ort_threads=1),
     # fp16: the Orin's fast path (device_check compares it with fp32)
-    "octo": FamilyRuntime(("jax", "ort", "trt"), trt_precision="fp16", trt_batch_max=64),
+    "octo": FamilyRuntime(("jax", "ort", "trt"), trt_precision="fp16", trt_batch_max=64, ort_sampler_threads=1),
 }
 MODEL_BACKENDS = {family: r.backends for family, r in MODEL_RUNTIMES.items()}
 
@@ -222,13 +225,10 @@ def model_runner(model: str, spec: BackendSpec, *, weights: str | Path | None = 
 
         graph = _graph_for(spec, onnx_for_weights(weights, digest), digest, "bc-state", (BUILD_DIR / "bc_state.onnx",))
         return make_runner(graph, spec, engines=engines, model="bc-state")
-    from dataclasses import replace
-
     from engines.octo.deployed import DeployedOcto
     from engines.octo.runners import JaxOcto, OnnxOcto
 
-    # the sampler (1% of a query) stays fp32 where the backbone runs INT8 (engines.quantize)
-    sampler_spec = replace(spec, precision="fp32") if spec.precision == "int8" else spec
+    sampler_spec = octo_sampler_spec(spec)
     if isinstance(engine, DeployedOcto):
         if spec.backend not in GRAPH_BACKENDS:
             raise BackendUnavailable(f"{model} from the engines folder {engine.folder} runs on "
@@ -254,6 +254,16 @@ def model_runner(model: str, spec: BackendSpec, *, weights: str | Path | None = 
                               (BUILD_DIR / f"{file_stem(engine.cfg.name)}_backbone.onnx",))
     return OnnxOcto(engine.cfg, make_runner(backbone, spec, model=model),
                     make_runner(onnx.sampler, sampler_spec, model=model)).activate()
+
+
+def octo_sampler_spec(spec: BackendSpec) -> BackendSpec:
+    """Octo's sampler's runtime beside the backbone's ``spec``: fp32 where the backbone runs INT8 (1% of a
+    query; engines.quantize), and on ONNX Runtime the family's sampler threads."""
+    from dataclasses import replace
+
+    sampler = replace(spec, precision="fp32") if spec.precision == "int8" else spec
+    threads = MODEL_RUNTIMES["octo"].ort_sampler_threads
+    return replace(sampler, threads=threads) if spec.backend == "ort" and threads else sampler
 
 
 def _check_precision(spec: BackendSpec, model: str | None = None) -> None:

@@ -91,6 +91,15 @@ def _octo_onnx(model: str):
     def export(out: Path, args) -> list[tuple[str, Path, str]]:
         if args.onnx_from:
             return _octo_exported(model, Path(args.onnx_from), out, args)
+        entry = _unchanged_octo_entry(model, out, args)
+        if entry is not None:  # these weights' whole entry is there, untouched: no JAX, no model, no hashing
+            args.octo_entries[model], args.octo_reused[model] = entry, entry
+            rows = []
+            for part in ("backbone", "sampler"):
+                path = out / entry["graphs"][part]
+                args.rewritten[path] = out / entry["graphs"][f"{part}_ort"]
+                rows.append((f"onnx {part}", path, " (unchanged)"))
+            return rows
         from engines.optional import require
 
         for module in ("jax", "jax2onnx", "onnx"):
@@ -104,7 +113,7 @@ def _octo_onnx(model: str):
         else:
             engine = OctoModel.load(model, random_weights=True, seed=args.seed)
         args.octo_models[model] = engine
-        digest = params_digest(engine.params)
+        digest = args.params_digests[model] = params_digest(engine.params)
         files = source_files(weights.checkpoint if weights is not None else None)
         onnx = matching_export(out, file_stem(model), digest,  # these weights exported before: nothing to do
                                weights_sha256=files["sha256"] if files else None)
@@ -115,6 +124,60 @@ def _octo_onnx(model: str):
         return [("onnx backbone", onnx.backbone, note), ("onnx sampler", onnx.sampler, note)]
 
     return export
+
+
+def _export_identity() -> dict:
+    """What an Octo export's graphs depend on besides the weights: the export format and graph version, and (for
+    random weights, drawn by JAX's initialisers) JAX's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from engines.octo.export import EXPORT_FORMAT, GRAPH_VERSION
+
+    try:
+        jax_version = version("jax")
+    except PackageNotFoundError:
+        jax_version = None
+    return {"format": EXPORT_FORMAT, "graph_version": GRAPH_VERSION, "jax": jax_version}
+
+
+def _unchanged_octo_entry(model: str, out: Path, args) -> dict | None:
+    """Octo's entry of ``out`` when a build would remake it the same: the same weights (the checkpoint files'
+    sha256, or the same seeded random weights and JAX), the same export format and graph version, ONNX Runtime
+    rewrites of this pass, every instruction embedded, every file untouched since hashed
+    (:func:`engines.folder.unchanged_entry`). None: build as usual."""
+    from engines.folder import unchanged_entry
+    from engines.octo.config import PRESETS, config_to_dict, random_weights_identity
+    from engines.octo.deployed import read_embeddings
+    from engines.octo.export import source_files
+    from engines.octo.optimize import ort_optimized_name
+    from env.instructions import all_instructions
+
+    entry = unchanged_entry(out, model)
+    if entry is None or entry.get("family") != "octo" or entry.get("export") != _export_identity():
+        return None
+    weights = args.octo_weights.get(model)
+    if weights is not None:
+        files = source_files(weights.checkpoint)
+        if entry.get("random_weights") or entry.get("checkpoint_files_sha256") != files["sha256"]:
+            return None
+    elif not (entry.get("random_weights") and entry.get("source") == random_weights_identity(model, args.seed)
+              and entry.get("config") == json.loads(json.dumps(config_to_dict(PRESETS[model]())))):  # as stored
+        return None
+    graphs = entry.get("graphs") or {}
+    for name in [g for g in graphs if not g.endswith("_ort")]:  # the rewrite this pass makes of each graph
+        source = out / graphs[name]
+        expected = ort_optimized_name(source, entry["files"].get(graphs[name], ""))
+        if graphs.get(f"{name}_ort") not in (expected, source.name if (out / expected).with_suffix(
+                ".unchanged").is_file() else None):
+            return None
+    try:
+        meta, _ = read_embeddings(out / entry["embeddings"])
+    except (KeyError, TypeError, ValueError, OSError):
+        return None
+    if meta.get("t5_sha256") != entry.get("t5_sha256") or not (
+            set(all_instructions()) | set(args.instruction or [])) <= set(meta.get("texts") or []):
+        return None
+    return entry
 
 
 def _octo_weights(models: list[str], args) -> dict:
@@ -174,11 +237,24 @@ def _octo_exported(model: str, folder: Path, out: Path, args) -> list[tuple[str,
 def _octo_entry(model: str, out: Path, built: list, int8: Path | None, args) -> tuple[dict, list[str]]:
     """Octo's entry of the engines folder (:mod:`engines.folder`) and its files: the graphs (and the graphs as ONNX
     Runtime loads them), the architecture, the dataset statistics and the embeddings of every instruction."""
+    if model in args.octo_reused:  # nothing changed: the entry as it was, with the INT8 graph made now
+        entry = {**args.octo_entries[model], "graphs": dict(args.octo_entries[model]["graphs"])}
+        if int8 is not None and model not in args.int8_from_entry:  # made or changed now: its rewrite too
+            from engines import quantize
+            from engines.octo.optimize import ort_optimized
+
+            entry["graphs"]["backbone_int8"] = int8.name
+            entry["graphs"]["backbone_int8_ort"] = ort_optimized(int8, cache=out).name
+            entry["int8_calibration_sha256"] = args.int8_calibration.get(model)
+            entry["int8_pass"] = quantize.INT8_PASS
+        old_graphs = set(args.octo_entries[model]["graphs"].values())
+        return entry, sorted((set(entry["files"]) - old_graphs) | set(entry["graphs"].values()))
     if model in args.octo_entries:  # --onnx-from: the entry made where the graphs were exported
         entry = args.octo_entries[model]
         return entry, list(entry["files"])
     import json
 
+    from engines import quantize
     from engines.octo.config import config_to_dict
     from engines.octo.deployed import embeddings_file, statistics_file
     from engines.octo.export import file_stem, params_digest, source_files
@@ -201,9 +277,11 @@ def _octo_entry(model: str, out: Path, built: list, int8: Path | None, args) -> 
     weights = engine.weights.to_json() if engine.weights is not None else None
     entry = {"model": model, "family": "octo", "config": config_to_dict(engine.cfg), "graphs": graphs,
              "statistics": stats.name, "embeddings": emb.name, "t5_sha256": t5_sha,
-             "params_sha256": params_digest(engine.params), "random_weights": engine.random_weights,
+             "params_sha256": args.params_digests.get(model) or params_digest(engine.params), "random_weights": engine.random_weights,
              "source": engine.identity, "weights": weights,
-             "checkpoint_files_sha256": source_files(engine.weights.checkpoint)["sha256"] if weights else None}
+             "checkpoint_files_sha256": source_files(engine.weights.checkpoint)["sha256"] if weights else None,
+             "export": _export_identity(), "int8_calibration_sha256": args.int8_calibration.get(model),
+             "int8_pass": quantize.INT8_PASS}
     return entry, sorted(set(graphs.values())) + [stats.name, emb.name]
 
 
@@ -313,18 +391,23 @@ def _start_recordings(models: list[str], args, ort_precisions: list[str]) -> dic
 
 
 def _int8(name: str, built: list[tuple[str, Path, str]], timer: StageTimer, queries: str | None,
-          jobs: dict, onnx_from: str | None = None) -> tuple[str, Path]:
+          jobs: dict, args, onnx_from: str | None = None) -> tuple[str, Path]:
     """(artifact, path) of the INT8 Q/DQ graph of the model's quantized graph (Octo: the backbone). With
-    ``onnx_from`` (no JAX here to record calibration queries) Octo's INT8 graph must come with the fp32 ones."""
+    ``onnx_from`` (no JAX here to record calibration queries) Octo's INT8 graph must come with the fp32 ones.
+    An Octo entry found unchanged (``args.octo_reused``) that lists the INT8 graph of this pass and calibration
+    keeps it without reading a graph."""
     from engines import quantize
     from engines.onnx_utils import metadata, sha256_file
 
     part, path = next((a, p) for a, p, _ in built if a in ("onnx", "onnx backbone"))
     artifact = f"onnx int8{part.removeprefix('onnx')}"
+    reused = args.octo_reused.get(name)
     if name == "bc-state":
         from engines.bc_mlp import DEFAULT_WEIGHTS
 
         digest = sha256_file(DEFAULT_WEIGHTS)
+    elif reused is not None:
+        digest = reused["params_sha256"]
     else:
         digest = metadata(path)["params_sha256"]
         if onnx_from:
@@ -337,13 +420,28 @@ def _int8(name: str, built: list[tuple[str, Path, str]], timer: StageTimer, quer
                                  "quantization pass); build both again where they were exported")
             return artifact, q
     calibration = _calibration(name, timer, queries, jobs)
+    args.int8_calibration[name] = calibration.sha256
     with timer.stage(name, "quantise") as st:
-        fresh = not quantize.int8_matches(quantize.int8_name(path), digest, calibration.sha256, source=path)
+        q = quantize.int8_name(path)
+        if (reused is not None and reused["graphs"].get("backbone_int8") == q.name
+                and reused.get("int8_calibration_sha256") == calibration.sha256
+                and reused.get("int8_pass") == quantize.INT8_PASS):
+            st.note = "cached"
+            args.int8_from_entry.add(name)
+            return artifact, q
+        fresh = not quantize.int8_matches(q, digest, calibration.sha256, source=path)
         st.note = "built" if fresh else "cached"
         return artifact, quantize.int8_graph(path, calibration, weights_digest=digest)
 
 
 def main(argv=None) -> int:
+    from env.cache import hashes_remembered
+
+    with hashes_remembered():  # every file written and listed here is read once to hash it
+        return _build(argv)
+
+
+def _build(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m engines.build", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--models", default=",".join(EXPORTS), help=f"comma-separated, of: {', '.join(EXPORTS)}")
@@ -366,7 +464,10 @@ def main(argv=None) -> int:
     p.add_argument("--queries-dir", metavar="DIR", help="where the calibration recordings are kept (default "
                    "build/octo_queries/)")
     args = p.parse_args(argv)
-    models = [m for m in args.models.split(",") if m]
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not models:  # an empty list would build nothing and exit 0
+        print(f"error: --models names no model; give one or more of: {', '.join(EXPORTS)}", file=sys.stderr)
+        return 2
     unknown = [m for m in models if m not in EXPORTS]
     if unknown:
         print(f"error: unknown model {', '.join(unknown)}; valid: {', '.join(EXPORTS)}", file=sys.stderr)
@@ -374,6 +475,19 @@ def main(argv=None) -> int:
     if args.batch_max is not None and args.batch_max < 1:
         print(f"error: --batch-max must be at least 1, got {args.batch_max}", file=sys.stderr)
         return 2
+    if not args.out.strip():  # Path("") is the current folder: the build would land in the repository root
+        print("error: --out is empty; name the engines folder (default build/engines)", file=sys.stderr)
+        return 2
+    # an Octo option that no model of --models takes would be silently ignored
+    has_octo = any(m in ("octo-small", "octo-base") for m in models)
+    takers = {"--checkpoint-octo-small": ("octo-small", "octo-small" in models),
+              "--checkpoint-octo-base": ("octo-base", "octo-base" in models),
+              "--random-weights": ("an Octo model", has_octo), "--onnx-from": ("an Octo model", has_octo),
+              "--instruction": ("an Octo model", has_octo)}
+    for flag, (who, taken) in takers.items():
+        if getattr(args, flag[2:].replace("-", "_")) and not taken:
+            print(f"error: {flag} applies to {who}, which --models {','.join(models)} does not name", file=sys.stderr)
+            return 2
     from dataclasses import asdict
 
     from engines import quantize, trt
@@ -397,6 +511,9 @@ def main(argv=None) -> int:
         return 2
     args.octo_weights = {}
     args.octo_models, args.octo_entries = {}, {}  # Octo models loaded for the folder's entries; entries made elsewhere
+    args.octo_reused = {}  # ... of these, the entries this build found unchanged (no model loaded)
+    args.params_digests = {}  # each loaded model's parameters' digest, computed once
+    args.int8_calibration, args.int8_from_entry = {}, set()  # the INT8 graphs' calibration; those kept as listed
     args.rewritten = {}  # graph -> its ONNX Runtime rewrite, made in the optimise stage
     weights_rows = []
     if octo and not args.random_weights and not args.onnx_from:
@@ -435,7 +552,7 @@ def main(argv=None) -> int:
 
                     with timer.stage(name, "optimise"):  # the load-time rewrite ONNX Runtime runs, into the folder
                         for _, path, _ in built:
-                            args.rewritten[path] = ort_optimized(path, cache=out)
+                            args.rewritten[path] = args.rewritten.get(path) or ort_optimized(path, cache=out)
             except Skipped as e:
                 by_model[name].append((name, "onnx", "skipped", str(e)))
                 continue
@@ -453,7 +570,7 @@ def main(argv=None) -> int:
                 rows.append((name, "onnx int8", "skipped", quantize.INT8_REFUSED[name]))
             elif "int8" in ort_precisions:
                 try:
-                    artifact, path = _int8(name, built, timer, args.queries_dir, jobs,
+                    artifact, path = _int8(name, built, timer, args.queries_dir, jobs, args,
                                            args.onnx_from if name in ("octo-small", "octo-base") else None)
                     rows.append((name, artifact, "built", str(path)))
                     int8 = path

@@ -146,6 +146,25 @@ def model_entry(folder: str | Path, model: str, verify: bool = True) -> dict[str
     return entry
 
 
+def unchanged_entry(folder: str | Path, model: str) -> dict[str, Any] | None:
+    """``model``'s entry when every file it lists is there with the size and modification time it had when hashed
+    (what a build with nothing changed may trust without hashing, as git's index does), else None. A run never
+    takes this: it checks every sha256 (:func:`model_entry`)."""
+    folder = Path(folder)
+    try:
+        entry = read_manifest(folder)["models"].get(model)
+    except EnginesFolderError:
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("files"), dict):
+        return None
+    stats = entry.get("stat") or {}
+    for name in entry["files"]:
+        path = folder / name
+        if not path.is_file() or stats.get(name) != _stat(path):
+            return None
+    return entry
+
+
 def file_of(folder: str | Path, entry: dict[str, Any], name: str | None, what: str, model: str) -> Path:
     """The path of one of the entry's files, which must be listed (one line otherwise)."""
     folder = Path(folder)

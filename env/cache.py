@@ -12,9 +12,11 @@ silently.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -25,11 +27,37 @@ def cache_root() -> Path:
     return Path(os.environ.get("SAB_CACHE_DIR") or Path.home() / ".cache" / "shape_assembly_bench")
 
 
+_remembered: dict | None = None  # (device, inode, size, mtime_ns) -> sha256, inside hashes_remembered() only
+
+
+@contextlib.contextmanager
+def hashes_remembered():
+    """Inside, a file unchanged since it was hashed (same inode, size and modification time) is not read again: a
+    build writes a graph, seals it, rewrites it and lists it in a manifest, hashing each file once. Outside (a
+    run checking what it loads) every call reads the whole file."""
+    global _remembered
+    outer, _remembered = _remembered, ({} if _remembered is None else _remembered)
+    try:
+        yield
+    finally:
+        _remembered = outer
+
+
 def sha256_file(path: str | Path) -> str:
+    key = None
+    if _remembered is not None:
+        st = os.stat(path)
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key in _remembered:
+            return _remembered[key]
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
+    # a file modified within the last second may be modified again with the same coarse timestamp and size
+    # ("racily clean", as git calls it): hashed again next time
+    if key is not None and time.time_ns() - key[3] > 1_000_000_000:
+        _remembered[key] = h.hexdigest()
     return h.hexdigest()
 
 

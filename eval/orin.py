@@ -1,6 +1,7 @@
 """The device loop: evaluate a model with device defaults and profile it on the machine it runs on.
 
-    make engines && python -m eval.orin --model octo-small --split test --setups all --tries 50 --out runs/orin
+    make engines && python -m eval.orin --model octo-small     # one dev try of A01 -> runs/orin/octo-small
+    python -m eval.orin --model octo-small --split test --setups all --tries 50 --out runs/orin_test
 
 The same runner and options as ``python -m eval.run``, with device defaults:
 the fastest backend available (a TensorRT engine where TensorRT and a GPU
@@ -25,11 +26,23 @@ import time
 from eval import run as eval_run
 
 
+OUT_ROOT = "runs/orin"  # where a run goes without --out: runs/orin/<model>
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = eval_run.build_parser(prog="python -m eval.orin", description=__doc__.split("\n\n")[0])
+    # the headline command names only the model: its run folder is the model's own under runs/orin (a second
+    # run of the same request resumes it; another request there is refused by the run folder's identity)
+    p = eval_run.build_parser(prog="python -m eval.orin", description=__doc__.split("\n\n")[0],
+                              out_default=f"{OUT_ROOT}/<model>")
     d = p.add_argument_group("device")
     d.add_argument("--telemetry-interval", type=float, default=0.1, help="seconds between telemetry samples")
     return p
+
+
+def default_out(model: str) -> str:
+    """``runs/orin/<model>``; a policy named by import string (package.module:Class) by its class."""
+    name = model.rsplit(":", 1)[-1] if ":" in model else model
+    return f"{OUT_ROOT}/{''.join(c if c.isalnum() or c in '-_.' else '_' for c in name) or 'model'}"
 
 
 def _fail(msg: str, code: int = 2) -> int:
@@ -39,6 +52,9 @@ def _fail(msg: str, code: int = 2) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.out is None:
+        args.out = default_out(args.model)
+        print(f"run folder: {args.out} (--out DIR for another)", file=sys.stderr)
     if not args.telemetry_interval > 0:
         return _fail("--telemetry-interval must be positive")
     from jetson.device import identify_device

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -265,6 +266,35 @@ def test_an_instruction_is_added_by_the_build_and_nothing_else_is_redone(built, 
     assert "stack the blocks" in model.instructions and model.embed("stack the blocks").shape == (16, 768)
 
 
+def test_a_build_with_nothing_changed_loads_no_model(built, tmp_path):
+    """make engines again on the same weights takes Octo's entry as it stands (every file untouched since it was
+    hashed): no JAX, no model loaded, no graph read; what a build would remake differently is built as usual."""
+    from types import SimpleNamespace
+
+    from engines.build import _unchanged_octo_entry
+
+    folder = _copy(built, tmp_path / "engines")
+    before = _entry(folder)
+    proc = subprocess.run([sys.executable, "-m", "engines.build", "--models", "octo-small", "--random-weights",
+                           "--ort-precisions", "fp32", "--out", str(folder)], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=300, env=_no_jax_env(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("(unchanged)") == 2 and _entry(folder)["files"] == before["files"]
+
+    def args(**kw):
+        return SimpleNamespace(**{"octo_weights": {}, "seed": 0, "instruction": None, **kw})
+
+    assert _unchanged_octo_entry("octo-small", folder, args()) is not None
+    assert _unchanged_octo_entry("octo-small", folder, args(seed=1)) is None  # other random weights
+    assert _unchanged_octo_entry("octo-small", folder, args(instruction=["stack the blocks"])) is None  # to embed
+    checkpoint = SimpleNamespace(checkpoint=SimpleNamespace(digest="0" * 64, to_json=lambda: {}))
+    assert _unchanged_octo_entry("octo-small", folder, args(octo_weights={"octo-small": checkpoint})) is None
+    touched = _copy(built, tmp_path / "touched", real=(before["statistics"],))
+    st = (touched / before["statistics"]).stat()
+    os.utime(touched / before["statistics"], ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # changed since hashed
+    assert _unchanged_octo_entry("octo-small", touched, args()) is None
+
+
 def test_eval_serve_runs_octo_from_the_folder_without_jax(built, tmp_path):
     """The real `eval.serve` argv in a process where JAX cannot be imported, serving from the folder; a client of
     this project's remote policy resets it with a task's instruction and gets actions."""
@@ -299,3 +329,33 @@ def test_eval_serve_runs_octo_from_the_folder_without_jax(built, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_build_hashes_each_file_once_and_a_run_every_time(tmp_path):
+    """Inside env.cache.hashes_remembered (a build), a file untouched since it was hashed is not read again; a file
+    changed since, or modified within the last second (racily clean, as git says), is; outside (a run), every
+    call reads the file."""
+    from env import cache
+
+    path = tmp_path / "graph.onnx"
+    path.write_bytes(b"a" * 1000)
+    old = time.time_ns() - 5_000_000_000
+    os.utime(path, ns=(old, old))
+    first = cache.sha256_file(path)
+    with cache.hashes_remembered():
+        assert cache.sha256_file(path) == first
+        with open(path, "r+b") as f:  # the same size and timestamp, other bytes: only a remembered hash misses it
+            f.write(b"b")
+        os.utime(path, ns=(old, old))
+        assert cache.sha256_file(path) == first
+        os.utime(path, ns=(old + 1, old + 1))  # changed since: read again
+        assert cache.sha256_file(path) != first
+        fresh, now = tmp_path / "fresh.onnx", time.time_ns()
+        fresh.write_bytes(b"c")
+        os.utime(fresh, ns=(now, now))
+        h = cache.sha256_file(fresh)
+        fresh.write_bytes(b"d")  # the same size and timestamp, within the second: not trusted
+        os.utime(fresh, ns=(now, now))
+        assert cache.sha256_file(fresh) != h
+    os.utime(path, ns=(old, old))
+    assert cache.sha256_file(path) != first  # outside: the file as it is

@@ -18,10 +18,21 @@ from benchmarks.octo_ort_vs_jax import NO_SPIN, _efficiency, default_variants, p
 def test_default_variants_time_the_runner_graph_and_the_export():
     graphs = SimpleNamespace(backbone=Path("/nonexistent/b.onnx"), sampler=Path("/nonexistent/s.onnx"))
     vs = default_variants(graphs, "0" * 64, cores=2)
-    assert [(v.name, v.rewrite) for v in vs] == [("fp32", True), ("fp32 as exported", False)]
+    assert [(v.name, v.rewrite, v.sampler_threads) for v in vs] == [
+        ("fp32", True, 1), ("fp32 sampler at backbone threads", True, None), ("fp32 as exported", False, None)]
     assert vs[0].trials(2) == [(2, {}), (2, dict(NO_SPIN)), (1, {})]
-    assert vs[1].trials(2) == [(2, {})]
+    assert vs[1].trials(2) == vs[2].trials(2) == [(2, {})]
     assert default_variants(graphs, "0" * 64, cores=1)[0].trials(1) == [(1, {})]
+
+
+def test_the_run_time_sampler_runs_on_one_thread_beside_the_backbone():
+    """What the benchmark's headline variant times is what --backend ort builds: the sampler on one thread,
+    without a second spinning pool."""
+    from engines.backends import BackendSpec, octo_sampler_spec
+
+    assert octo_sampler_spec(BackendSpec("ort", threads=None)).threads == 1
+    assert octo_sampler_spec(BackendSpec("ort", "int8", threads=2)) == BackendSpec("ort", "fp32", threads=1)
+    assert octo_sampler_spec(BackendSpec("trt", "fp16", max_batch=64)) == BackendSpec("trt", "fp16", max_batch=64)
 
 
 def test_efficiency_row():

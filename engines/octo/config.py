@@ -148,7 +148,13 @@ def octo_base_config() -> OctoConfig:
 PRESETS = {"octo-small": octo_small_config, "octo-base": octo_base_config}
 HF_REPOS = {"octo-small": "rail-berkeley/octo-small-1.5", "octo-base": "rail-berkeley/octo-base-1.5"}
 ANY_SIZE = "octo"  # the model of any Octo checkpoint (--checkpoint): its architecture is its config.json's
-RANDOM_WEIGHTS_LABEL = "random weights (latency only)"  # what every console line of a random-weights run says
+RANDOM_WEIGHTS_LABEL = "random weights (latency only)"
+
+
+def random_weights_identity(model: str, seed: int) -> str:
+    """The identity of ``model``'s seeded random weights (what its exports and engines-folder entry record)."""
+    return f"random-weights:{model}:seed{seed}"
+  # what every console line of a random-weights run says
 
 
 # ------------------------------------------------------------------ released config.json

@@ -29,7 +29,7 @@ import numpy as np
 
 from engines.octo import checkpoint as ckpt
 from engines.octo.arrays import ModelArrays, goal_arrays  # noqa: F401 (goal_arrays: its home was here)
-from engines.octo.config import ANY_SIZE, PRESETS, RANDOM_WEIGHTS_NOTE, UNNORM_KEY, OctoConfig
+from engines.octo.config import ANY_SIZE, PRESETS, RANDOM_WEIGHTS_NOTE, UNNORM_KEY, OctoConfig, random_weights_identity
 from engines.octo.errors import OctoCheckpointError
 from engines.octo.model import make_infer, noise_from_rng, split_key
 from engines.octo.params import init_params, t5_subtree, without_t5
@@ -98,7 +98,7 @@ class OctoModel(ModelArrays):
                                           f"weights need {' or '.join(PRESETS)}")
             params = init_params(preset, seed)
             tok = make_tokenizer(random_weights_spiece(spiece), preset.lang_tokens, preset.t5.vocab_size)
-            return cls(preset, params, synthetic_statistics(preset), identity=f"random-weights:{model}:seed{seed}",
+            return cls(preset, params, synthetic_statistics(preset), identity=random_weights_identity(model, seed),
                        tokenizer=tok, random_weights=True, embed_cache_dir=embed_cache_dir)
         w = weights or ckpt.resolve_weights(model, checkpoint, revision, spiece=spiece, check_size=check_size)
         c = ckpt.load(w.checkpoint.folder, model=model, step=step,

@@ -622,6 +622,15 @@ def ort_cache_dir() -> Path:
     return ort_optimized_dir()
 
 
+def ort_optimized_name(path: str | Path, source_sha256: str, passes=ALL_PASSES) -> str:
+    """The file name :func:`ort_optimized` gives the rewrite of the graph at ``path`` whose sha256 is
+    ``source_sha256``: the source's stem and a hash of its sha256, the passes and :data:`OPTIMIZE_VERSION`."""
+    import hashlib
+
+    key = hashlib.sha256(f"{source_sha256}|{OPTIMIZE_VERSION}|{','.join(passes)}".encode()).hexdigest()[:16]
+    return f"{Path(path).stem}.{key}.onnx"
+
+
 def ort_optimized(path: str | Path, passes=ALL_PASSES, cache: str | Path | None = None) -> Path:
     """The rewritten copy of the graph at ``path`` (made once, in ``cache`` or :func:`ort_cache_dir`, named by
     the source's stem and a hash of its sha256, the passes and :data:`OPTIMIZE_VERSION`; sealed, so that a
@@ -632,12 +641,9 @@ def ort_optimized(path: str | Path, passes=ALL_PASSES, cache: str | Path | None 
     from engines.onnx_utils import sha256_file
 
     path = Path(path)
-    import hashlib
-
-    key = hashlib.sha256(f"{sha256_file(path)}|{OPTIMIZE_VERSION}|{','.join(passes)}".encode()).hexdigest()[:16]
     folder = Path(cache) if cache is not None else ort_cache_dir()
-    out = folder / f"{path.stem}.{key}.onnx"
-    unchanged = folder / f"{path.stem}.{key}.unchanged"
+    out = folder / ort_optimized_name(path, sha256_file(path), passes)
+    unchanged = out.with_suffix(".unchanged")
     if reuse(out, "ONNX Runtime graph"):
         return out
     if unchanged.is_file():
