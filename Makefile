@@ -1,6 +1,7 @@
 # shape-assembly-bench
 #   make setup   create .venv/ (or use $(PYTHON)), install Vulkan/lavapipe, torch, the package
 #   make test    run the test suite
+#   make test-fast  the fast set (no scenes, no slow or browser tests): a few minutes, while working
 #   make demo    run the scripted reference on a few A01 tries
 # PYTHON=/usr/bin/python3 make setup   installs into that interpreter instead of .venv/
 
@@ -8,14 +9,16 @@ SHELL := /bin/bash
 PYTHON ?=
 PY := $(if $(strip $(PYTHON)),$(PYTHON),$(CURDIR)/.venv/bin/python)
 PYTEST_ARGS ?=
+XDIST ?= -n 2 --dist loadfile
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test demo engines lock
+.PHONY: help setup test test-fast demo engines lock
 
 help:
 	@echo "Targets:"
 	@echo "  make setup   idempotent setup: .venv/ (or PYTHON=...), Mesa lavapipe (root), torch if missing, pip install -e .[sim,export,jax,ray,dev,remote]"
-	@echo "  make test    setup, then $(PY) -m pytest -q"
+	@echo "  make test    setup, then $(PY) -m pytest -q $(XDIST) --durations=20 (XDIST='' for one process)"
+	@echo "  make test-fast  setup, then the fast set: $(PY) -m pytest -q -m \"$(FAST_MARKERS)\" $(XDIST) (a few minutes)"
 	@echo "  make demo    setup, the bc-state engine, then eval.orin on 2 dev tries of A01 and B01 -> runs/demo"
 	@echo "  make lock    pin the installed versions into requirements/lock.txt (after make test passed)"
 	@echo "  make engines setup, then Octo's released weights (Hugging Face cache, else downloaded), ONNX exports, their INT8 Q/DQ graphs (calibrated on recorded dev tries), instruction embeddings and (with a GPU and TensorRT) engines -> build/engines, the folder eval.orin/eval.run/eval.serve run from (--engines DIR)"
@@ -30,10 +33,17 @@ setup:
 
 # PYTEST_RC_FILE (env, used by .ci/run) receives pytest's own exit code,
 # because make reports any failing recipe as exit status 2.
+# every test on two pytest-xdist workers (whole files each; XDIST='' runs it in one process), the 20 slowest named
 test: setup
-	@$(PY) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	@$(PY) -m pytest -q $(XDIST) --durations=20 $(PYTEST_ARGS); rc=$$?; \
 	if [ -n "$${PYTEST_RC_FILE:-}" ]; then echo $$rc > "$$PYTEST_RC_FILE"; fi; \
 	exit $$rc
+
+# the fast set while working: no ManiSkill scenes, nothing marked slow, no browser (pytest.ini names the markers), on
+# two pytest-xdist workers as make test; make test (CI) runs everything
+FAST_MARKERS := not sim and not slow and not browser
+test-fast: setup
+	@$(PY) -m pytest -q -m "$(FAST_MARKERS)" $(XDIST) $(PYTEST_ARGS)
 
 # the mission's command on the embedded default: the bc-state engine (ONNX; TensorRT where a GPU and
 # TensorRT exist), then the device loop on 2 dev tries of two setups, with latency per query

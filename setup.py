@@ -37,7 +37,7 @@ setup(
         # jax2onnx exports the JAX Octo graphs (engines.octo.export); 0.17 is the version checked here
         "export": ["onnx", "onnxruntime", "jax2onnx>=0.17,<0.18"],
         # TensorRT is not installed from PyPI here: on Jetson it comes with
-        # JetPack, on x86 from NVIDIA's pip index (see README). cuda-python
+        # JetPack, on x86 from NVIDIA's pip index (see docs/development.md). cuda-python
         # (the runner's CUDA calls) must not be newer than the driver's CUDA
         # major: 13.x (JetPack 7: CUDA 13) needs a CUDA 13 driver, JetPack 6
         # has CUDA 12.6 and needs 12.x (12.x also runs on newer drivers), so
@@ -50,8 +50,9 @@ setup(
         # eval.run --executor ray: plain ray is enough (ray[default] only adds the dashboard); checked with 2.60
         "ray": ["ray>=2.9"],
         # transformers: the T5 encoder and tokenizer cross-checks against Hugging Face's reference (tests
-        # only; they build tiny models and tokenizers locally, nothing is downloaded); it uses the CPU torch
-        "dev": ["pytest", "pytest-timeout", "transformers>=5,<6"],
+        # only; they build tiny models and tokenizers locally, nothing is downloaded); it uses the CPU torch;
+        # pytest-xdist: CI (.ci/run) runs the suite on both cores (-n 2)
+        "dev": ["pytest", "pytest-timeout", "pytest-xdist", "transformers>=5,<6"],
         # eval.remote / eval.serve: the WebSocket transport and msgpack codecs of the openpi and vla-eval
         # protocols; vla-eval (0.8 checked) for its model servers, client and image codec in the tests;
         # json-numpy (2.1.1 checked: the codec openvla-oft's deploy.py patches json with) for the tests' stub of

@@ -5,5 +5,5 @@
   on CPU scenes or GPU scenes;
 - :mod:`benchmarks.device_check` (run by ``benchmarks/device_check.sh``): the prepared run for a lent GPU
   machine: Octo in JAX on the GPU, bc-state on torch CUDA, the DLPack hand-off, TensorRT engines, GPU PhysX
-  and GPU scene batches, each step under its own timeout (see README).
+  and GPU scene batches, each step under its own timeout (see docs/jetson.md, "What runs where").
 """

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Sequence
 
-from benchmarks.common import ROOT, machine, parser, print_table, progress, run_main, write_result
+from benchmarks.common import ROOT, machine, parser, print_table, progress, result_path, run_main, write_result
 
 NAME = "cli_startup"
 MODULE = "benchmarks.cli_startup"
@@ -55,6 +55,7 @@ def _main(argv: Sequence[str] | None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="runs of each command; the best counts (default 3)")
     args = ap.parse_args(argv)
     repeats = 1 if args.quick else max(1, args.repeats)
+    result_path(NAME, args.out_dir, args.quick)  # a --quick result under results/ is refused before anything is timed
     mach = machine()
     modules = cli_modules()
     rows, table = [], []

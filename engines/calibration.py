@@ -35,7 +35,7 @@ CALIB_DRIVER = {"bc-state": "model", MODEL: "scripted"}
 # Octo's calibration keeps every CALIB_EVERY-th query of a try (queries are 4 control steps apart, so 8 here):
 # each backbone pass of the calibration costs 0.25 s (octo-small) to 0.7 s (octo-base), and on octo-small's
 # held-out queries the INT8 readout error was the same with 15, 30 or all 59 queries of these tries (max rel
-# 0.057-0.064, mean abs 0.032-0.033; README, "Precisions")
+# 0.057-0.064, mean abs 0.032-0.033; docs/engines.md, "Precisions")
 CALIB_EVERY = 2
 QUICK_STEPS = 12  # a --quick recording's tries are cut to this many steps
 

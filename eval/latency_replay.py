@@ -34,29 +34,43 @@ class LatencyProfileError(ValueError):
 
 
 def load_profile(path: str | Path) -> np.ndarray:
-    """Per-query latencies (ms) from a tries.jsonl or a JSON list."""
+    """Per-query latencies (ms) from a tries.jsonl (read as every records file is, :func:`eval.records.read_tries`)
+    or a JSON list; a :class:`LatencyProfileError` naming the file (and the line) for anything else."""
+    from eval.records import RecordsError, read_tries
+
     p = Path(path)
+    if p.is_dir():
+        raise LatencyProfileError(f"latency profile {p} is a folder: name its tries.jsonl")
     if not p.is_file():
         raise LatencyProfileError(f"latency profile {p} does not exist")
-    text = p.read_text()
-    try:
-        if p.suffix == ".jsonl":
-            values = [float(v) for line in text.splitlines() if line.strip()
-                      for v in json.loads(line).get("infer_ms") or ()]
-        else:
-            values = json.loads(text)
-    except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as e:
-        raise LatencyProfileError(f"{p}: not a latency profile ({e})") from None
-    if not isinstance(values, list):
-        raise LatencyProfileError(f"{p}: expected a JSON list of ms or a tries.jsonl with infer_ms lists")
-    try:
-        arr = np.asarray(values, dtype=float)
-    except (TypeError, ValueError) as e:
-        raise LatencyProfileError(f"{p}: not a latency profile ({e})") from None
+    if p.suffix == ".jsonl":
+        try:
+            values = [v for r in read_tries(p) for v in r.get("infer_ms") or ()]
+        except RecordsError as e:
+            raise LatencyProfileError(f"latency profile {e}") from None
+    else:
+        try:
+            values = json.loads(p.read_bytes().decode("utf-8"))
+        except OSError as e:
+            raise LatencyProfileError(f"latency profile {p}: cannot read ({e.strerror or e})") from None
+        except UnicodeDecodeError:
+            raise LatencyProfileError(f"latency profile {p}: not UTF-8 text (a binary file?): give a run's "
+                                      f"tries.jsonl or a JSON list of ms") from None
+        except ValueError as e:
+            raise LatencyProfileError(f"latency profile {p}: not JSON ({' '.join(str(e).split())}): give a run's "
+                                      f"tries.jsonl or a JSON list of ms") from None
+        if isinstance(values, dict):
+            raise LatencyProfileError(f"latency profile {p}: a JSON object (a summary.json keeps percentiles only): "
+                                      f"give the run's tries.jsonl or a JSON list of ms")
+        if not isinstance(values, list) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise LatencyProfileError(f"latency profile {p}: expected a JSON list of ms (numbers) or a tries.jsonl "
+                                      f"with infer_ms lists")
+    arr = np.asarray(values, dtype=float)
     if arr.size == 0:
-        raise LatencyProfileError(f"{p} holds no per-query latencies (infer_ms)")
+        raise LatencyProfileError(f"latency profile {p} holds no per-query latencies (infer_ms)")
     if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-        raise LatencyProfileError(f"{p} holds negative or non-finite latencies")
+        raise LatencyProfileError(f"latency profile {p} holds negative or non-finite latencies")
     return arr
 
 

@@ -528,6 +528,10 @@ def model_config(name: str, **options) -> ModelConfig:
     extra = sorted(set(options) - taken)
     if extra:
         raise ValueError(f"{name} takes no {', '.join('--' + o.replace('_', '-') for o in extra)}")
+    # an empty text option ('--revision ""') would read as unset and silently run the default
+    empty = sorted(k for k, v in options.items() if isinstance(v, str) and not v.strip())
+    if empty:
+        raise ValueError(f"--{empty[0].replace('_', '-')} is empty; give a value or leave the option out")
     return cls(name=name, **options)
 
 
@@ -594,6 +598,17 @@ class RunRequest:
     sim: str = "cpu"
     num_envs: int = 1
     replay_latency: str | None = None  # a measured latency profile (absolute path) every action is delayed by
+
+    def __post_init__(self):
+        # checked here, once, before any scene is built: a worker builds num_envs scenes whatever it is given
+        if self.tries < 1:
+            raise ValueError(f"--tries must be at least 1, got {self.tries}")
+        if self.num_envs < 1:
+            raise ValueError(f"--num-envs must be at least 1, got {self.num_envs}")
+        if self.num_envs > self.tries:  # a batch holds tries of one setup: scenes beyond --tries never run a try
+            raise ValueError(f"--num-envs {self.num_envs} is more than the {self.tries} tries per setup this run "
+                             f"asks for (a batch holds tries of one setup): the largest useful value is "
+                             f"--num-envs {self.tries}")
 
     @property
     def track(self) -> str:

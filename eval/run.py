@@ -26,13 +26,15 @@ from env.arms import ARMS, UnknownArmError
 from env.setups import UnknownSetupError
 from env.starts import SPLITS
 from eval.executors import EXECUTORS
-from eval.records import UNFINISHED_FLAGS
+from eval.records import UNFINISHED_FLAGS, RecordsError
 from eval.request import MODEL_CONFIGS, RunRequest, UnknownModelError, add_model_arguments
 
 EXIT_HUNG = 3  # the run finished, but some tries were stopped by the watchdog or lost with their actor
 
 
-def build_parser(prog: str = "python -m eval.run", description: str | None = None) -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m eval.run", description: str | None = None,
+                 out_default: str | None = None) -> argparse.ArgumentParser:
+    """eval.run's options (eval.orin adds its own); ``out_default``: --out may be left out (its help names it)."""
     p = argparse.ArgumentParser(prog=prog, description=description or __doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help=f"one of: {', '.join(MODEL_CONFIGS)}; or package.module:PolicyClass")
     p.add_argument("--split", default="dev", help=f"one of: {', '.join(SPLITS)} (default dev)")
@@ -61,7 +63,8 @@ def build_parser(prog: str = "python -m eval.run", description: str | None = Non
     add_model_arguments(p)
     p.add_argument("--replay-latency", metavar="FILE", help="any model: delay every action by a latency drawn from "
                    "a measured profile (a tries.jsonl with infer_ms): what a device's latency does to success")
-    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--out", required=out_default is None,
+                   help="output folder" + (f" (default: {out_default})" if out_default else ""))
     p.add_argument("--fresh", action="store_true", help="discard what OUT holds and start over")
     return p
 
@@ -88,8 +91,8 @@ class ExecutorSettings:
             raise ValueError(f"--video must be 0 or more, got {self.video}")
         if self.kind != "ray" and (self.address or self.gpus_per_actor):
             raise ValueError("--address and --gpus-per-actor need --executor ray")
-        if self.gpus_per_actor < 0:
-            raise ValueError(f"--gpus-per-actor must be 0 or more, got {self.gpus_per_actor:g}")
+        if not 0 <= self.gpus_per_actor < float("inf"):  # nan passed "< 0" and Ray's fit then crashed
+            raise ValueError(f"--gpus-per-actor must be a finite number, 0 or more, got {self.gpus_per_actor:g}")
 
 
 def request_from_args(args: argparse.Namespace, device_default: bool = False) -> tuple[RunRequest, ExecutorSettings]:
@@ -101,6 +104,8 @@ def request_from_args(args: argparse.Namespace, device_default: bool = False) ->
     from eval.request import ResolvedModel, model_config, options_from_args
     from eval.rollout import check_batch_request, gpu_sim_unavailable_reason
 
+    if not str(args.out).strip():  # Path("") is the current folder: the run would be written into it
+        raise ValueError("--out is empty; name the run's folder, e.g. runs/NAME")
     config = model_config(args.model, **options_from_args(args))  # options the model takes, their values
     setups = tuple(get_setup(s) for s in resolve_setups(args.setups))
     arm = get_arm(args.arm)
@@ -183,6 +188,9 @@ def run(args: argparse.Namespace, device_default: bool = False,
     backend, when not given, is the fastest this machine runs (eval.orin). ``report_extra(request, records)``,
     called once the tries have run, gives more fields for the report (eval.orin: the device and its
     telemetry), so that the report and summary.json are written once."""
+    from eval.console import tolerant_output
+
+    tolerant_output()  # a model name or path the locale cannot encode never ends the run in a traceback
     try:
         return _run(args, device_default, report_extra)
     except KeyboardInterrupt:  # Ctrl-C outside the tries (checks, start-up, the report): one line too
@@ -262,7 +270,7 @@ def _execute(request: RunRequest, settings: ExecutorSettings, tasklist, cfg, out
                                  address=settings.address, gpus_per_actor=settings.gpus_per_actor)
         except WorkerError as e:
             return RunOutcome(_fail(str(e)), request=request)
-        log = TryLog(out / "tries.jsonl")
+        log = TryLog(out / "tries.jsonl", stamp={"run_identity": cfg.run_identity})  # records name their run
         batch_log = TryLog(out / "batches.jsonl") if request.num_envs > 1 else None
         signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops like Ctrl-C: workers closed, tries kept
         successes = n_new = 0
@@ -273,7 +281,7 @@ def _execute(request: RunRequest, settings: ExecutorSettings, tasklist, cfg, out
         try:
             for job, result in pool.run(todo, failed):
                 if result.batch is not None:
-                    batch_log.append(result.batch)
+                    batch_log.append(result.batch, kind="batch")
                 for record in result.records:
                     log.append(record.to_json())
                     successes += record.success
@@ -287,6 +295,8 @@ def _execute(request: RunRequest, settings: ExecutorSettings, tasklist, cfg, out
         except OSError as e:  # the tries file cannot take another record: disk full, read-only remount
             failure = (f"cannot append to {out / 'tries.jsonl'} ({e.strerror or e}): free space, then rerun the "
                        f"same command; the finished tries are kept", 1)
+        except RecordsError as e:  # a record its readers would refuse: not written (eval.run_folder.TryLog)
+            failure = (str(e), 1)
         finally:
             with _signals_held() as caught:
                 bar.close()
@@ -307,7 +317,7 @@ def _execute(request: RunRequest, settings: ExecutorSettings, tasklist, cfg, out
                 "sim": request.sim}
         extra = {**(report_extra(request, records) if report_extra else {}), "run": meta}
         summary = write_report([out / "tries.jsonl"], out, extra=extra)  # summary.json written once, with these
-    except ReportError as e:
+    except (ReportError, RecordsError) as e:  # a records file damaged while the tries ran: one line
         return RunOutcome(_fail(str(e), 1), request=request)
     scored = [s for s in request.setups if not s.id.startswith("FB")]
     n = sum(v["n"] for v in summary["setups"].values()) + sum(v["n"] for v in summary.get("full_board", {}).values())

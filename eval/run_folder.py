@@ -6,21 +6,41 @@ identity (the settings that must match to share it), the run's request as resolv
 (:meth:`eval.request.RunRequest.to_json`, under ``request``; credentials only as where they came from) and,
 under ``environment``, the machine and every installed package's version; a second run with other settings
 into the same folder is refused, and so is a second run into a folder another process is writing
-(``RunFolderLock``).
+(``RunFolderLock``). Every record carries the digest of that identity (``run_identity``), so the folder's
+identity lives in its records too: a run.json lost or replaced lets no other run in, and the same run
+writes it again.
 """
 
 from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from env.predicate import SUCCESS_PREDICATE_VERSION
 from env.setups import Setup
-from eval.records import RecordsError, TryRecord, machine_info, read_tries, torn_tail  # noqa: F401 - what runs name
+from eval.records import (INT1, OBJ, SCALAR, STR, RecordsError, TryRecord, machine_info,  # noqa: F401 - what runs name
+                          map_of, nullable, obj, problem_text, read_tries, read_tries_numbered, record_label, record_problem,
+                          torn_tail)
+
+# what run.json holds (written by _resume_state; read by resume and the results page, eval.site)
+RUN_JSON_CHECK = obj({
+    "model": STR, "split": STR, "arm": STR, "tasklist_sha256": nullable(STR), "options": OBJ, "predicate": INT1,
+    "sim": STR, "weights_sha256": STR, "runtime": obj({"backend": STR, "precision": nullable(STR)}),
+    "appearance": INT1, "run_identity": STR, "request": OBJ, "credentials": OBJ,
+    "environment": obj({"machine": map_of(SCALAR), "packages": map_of(STR)}),
+})
+
+
+def run_json_problem(run_json) -> str | None:
+    """What is wrong with a run.json's fields, naming the field; None when each holds what its readers expect."""
+    bad = RUN_JSON_CHECK(run_json)
+    return None if bad is None else problem_text(bad)
 
 
 @dataclass(frozen=True)
@@ -74,6 +94,17 @@ class RunConfig:
         return d
 
 
+    @property
+    def run_identity(self) -> str:
+        """A digest of :meth:`identity`, which every record of the run carries (``run_identity``): a folder's
+        records say which run made them, so a lost run.json lets no other run in (:func:`_resume_state`)."""
+        return identity_digest(self.identity())
+
+
+def identity_digest(identity: dict) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
 class RunMismatchError(RuntimeError):
     pass
 
@@ -103,7 +134,7 @@ class RunFolderLock:
         self.path = out / self.NAME
         created = not self.path.exists()
         try:
-            self._f = open(self.path, "a+")
+            self._f = open(self.path, "a+", encoding="utf-8")
         except OSError as e:
             raise RunMismatchError(f"cannot write the lock file {self.path} ({e.strerror or e}): free space or "
                                    "choose a writable --out") from None
@@ -143,10 +174,12 @@ def read_records(path: Path) -> list[dict]:
 
 class TryLog:
     """Append-only, flushed per record; on open, cuts off a torn last line (:func:`eval.records.torn_tail`) and
-    ends a whole last record that lost only its newline."""
+    ends a whole last record that lost only its newline. ``stamp`` is added to every record: the run's
+    ``run_identity`` (:attr:`RunConfig.run_identity`)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, stamp: dict | None = None):
         self.path = path
+        self.stamp = dict(stamp or {})
         if path.exists():
             data = path.read_bytes()
             cut = torn_tail(data)
@@ -156,9 +189,17 @@ class TryLog:
             elif data and not data.endswith(b"\n"):
                 with open(path, "ab") as f:
                     f.write(b"\n")
-        self._f = open(path, "a")
+        self._f = open(path, "a", encoding="utf-8")
 
-    def append(self, record: dict) -> None:
+    def append(self, record: dict, kind: str = "try") -> None:
+        """Append one record (``kind``: "try", or "batch" for batches.jsonl). A record its readers would refuse
+        (a policy's field of the wrong type) is a :class:`RecordsError` and is not written: the folder stays
+        readable and resumable."""
+        record = {**record, **self.stamp}
+        problem = record_problem(record, kind)
+        if problem is not None:
+            raise RecordsError(f"{self.path}: the record of {record_label(record)} would not be readable ({problem}): "
+                               f"not written; the policy's record fields (Policy.record_fields) need fixing")
         self._f.write(json.dumps(record, sort_keys=True) + "\n")
         self._f.flush()
         os.fsync(self._f.fileno())
@@ -202,56 +243,90 @@ def _resume_state(cfg: RunConfig, out: Path, fresh: bool) -> set[tuple[str, int]
     if fresh:
         for p in (run_file, tries_file, out / "summary.json", out / "batches.jsonl"):
             p.unlink(missing_ok=True)
+    try:
+        numbered = read_tries_numbered(tries_file) if tries_file.exists() else []
+    except RecordsError as e:
+        raise RunMismatchError(str(e)) from None
     if run_file.exists():
-        try:
-            previous = json.loads(run_file.read_text())
-        except ValueError:
-            raise RunMismatchError(f"{run_file} is not JSON: use another --out, or --fresh to start over") from None
-        for key in ("environment", "credentials", "request"):  # described, not compared
-            previous.pop(key, None)
-        if isinstance(previous.get("options"), dict):  # folders written before credentials were kept apart
-            from eval.request import secret_options
-
-            previous["options"] = {k: v for k, v in previous["options"].items() if k not in secret_options()}
-        identity = cfg.identity()
-        if "runtime" not in previous:  # folders written before the runtime was part of a folder's identity
-            identity.pop("runtime", None)
-        if "appearance" in identity and "model" in previous:  # camera folders from before versions: appearance 1
-            previous.setdefault("appearance", 1)
-        old_predicate = previous.get("predicate", 1)  # run folders from before predicate versions are v1
-        if old_predicate != cfg.predicate:
+        _check_run_json(cfg, out, run_file)
+    # every record names the run that made it: one of another run (another model, task list, options...) in
+    # this folder, or one a run.json no longer vouches for, is refused, whatever run.json says
+    unstamped = [(n, r) for n, r in numbered if "run_identity" not in r]
+    for n, r in numbered:
+        if r.get("run_identity", cfg.run_identity) != cfg.run_identity:
             raise RunMismatchError(
-                f"{out} holds tries scored with success predicate v{old_predicate}, this release scores "
-                f"v{cfg.predicate} (docs/BENCHMARK.md section 1): use another --out, or --fresh to start over")
-        if previous != identity:
-            diff = {k: (previous.get(k), v) for k, v in identity.items() if previous.get(k) != v}
+                f"{tries_file}: line {n} ({record_label(r)}) was recorded by another run (model "
+                f"{r.get('model')!r}, run identity {r['run_identity']}; this run: model {cfg.model!r}, "
+                f"{cfg.run_identity}): use another --out, or --fresh to start over")
+    ours = {"model": cfg.model, "split": cfg.split, "arm": cfg.arm, "tasklist_sha256": cfg.tasklist_sha256,
+            "predicate": cfg.predicate}
+    for n, r in numbered:  # and what they carry of their run must be this run's (older records carry only this)
+        other = {k: r[k] for k, v in ours.items() if r.get(k) is not None and r[k] != v}
+        if other:
             raise RunMismatchError(
-                f"{out} holds a run with other settings {diff}; use another --out or --fresh to start over"
-            )
-    else:
+                f"{tries_file}: line {n} ({record_label(r)}) was recorded by another run ({other}; this run: "
+                f"{ {k: ours[k] for k in other} }): use another --out, or --fresh to start over")
+    if not run_file.exists():
+        if unstamped:
+            raise RunMismatchError(
+                f"{out} has no run.json and its tries.jsonl holds {len(unstamped)} records written before records "
+                f"named their run (line {unstamped[0][0]}), so which run made them cannot be told: restore "
+                f"run.json, or use another --out, or --fresh to start over")
+        if numbered:  # every record is this run's: run.json is re-derived from this run's settings
+            print(f"{run_file} was missing: written again from this run's settings, which made the folder's "
+                  f"{len(numbered)} records (their run identity {cfg.run_identity})", file=sys.stderr)
         tmp = run_file.with_suffix(".json.tmp")
         try:
-            written = {**cfg.identity(), "request": cfg.request, "environment": environment_info()}
+            written = {**cfg.identity(), "run_identity": cfg.run_identity, "request": cfg.request,
+                       "environment": environment_info()}
             if cfg.request.get("credentials"):
                 written["credentials"] = cfg.request["credentials"]
-            tmp.write_text(json.dumps(written, indent=1, sort_keys=True) + "\n")
+            tmp.write_text(json.dumps(written, indent=1, sort_keys=True) + "\n", encoding="utf-8")
             os.replace(tmp, run_file)
         except OSError as e:
             tmp.unlink(missing_ok=True)
             raise RunMismatchError(f"cannot write {run_file} ({e.strerror or e}): free space, then rerun the same "
                                    "command") from None
+    return {(r["setup"], r["try"]) for _, r in numbered}
+
+
+_RUN_JSON_FIX = ("delete it and rerun the same command (it is written again where the folder's records are this "
+                 "run's), or --fresh to start over")
+
+
+def _check_run_json(cfg: RunConfig, out: Path, run_file: Path) -> None:
+    """Refuse (one line) a run.json that is not this run's identity."""
     try:
-        records = read_records(tries_file)
-    except RecordsError as e:
-        raise RunMismatchError(str(e)) from None
-    done = set()
-    for r in records:
-        try:
-            done.add((str(r["setup"]), int(r["try"])))
-        except (KeyError, TypeError, ValueError):
-            raise RunMismatchError(f"{tries_file}: a record without its setup and try ({json.dumps(r)[:80]}): "
-                                   "delete that line and rerun to redo its try; the other records are kept") from None
-    return done
+        previous = json.loads(run_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        why = e.strerror if isinstance(e, OSError) else "not JSON"
+        raise RunMismatchError(f"{run_file}: {why} (a damaged run.json): {_RUN_JSON_FIX}") from None
+    problem = run_json_problem(previous)
+    if problem is not None:
+        raise RunMismatchError(f"{run_file}: {problem} (a damaged run.json): {_RUN_JSON_FIX}")
+    for key in ("environment", "credentials", "request", "run_identity"):  # described, not compared
+        previous.pop(key, None)
+    if isinstance(previous.get("options"), dict):  # folders written before credentials were kept apart
+        from eval.request import secret_options
+
+        previous["options"] = {k: v for k, v in previous["options"].items() if k not in secret_options()}
+    identity = cfg.identity()
+    if "runtime" not in previous:  # folders written before the runtime was part of a folder's identity
+        identity.pop("runtime", None)
+    if "appearance" in identity and "model" in previous:  # camera folders from before versions: appearance 1
+        previous.setdefault("appearance", 1)
+    old_predicate = previous.get("predicate", 1)  # run folders from before predicate versions are v1
+    if old_predicate != cfg.predicate:
+        raise RunMismatchError(
+            f"{out} holds tries scored with success predicate v{old_predicate}, this release scores "
+            f"v{cfg.predicate} (docs/BENCHMARK.md section 1): use another --out, or --fresh to start over")
+    if previous != identity:
+        # keys only run.json has (another release's settings) count as differences too
+        diff = {k: (previous.get(k), identity.get(k)) for k in sorted(set(identity) | set(previous))
+                if previous.get(k) != identity.get(k)}
+        raise RunMismatchError(
+            f"{out} holds a run with other settings {diff}; use another --out or --fresh to start over"
+        )
 
 
 def planned_tries(cfg: RunConfig) -> list[tuple[str, int]]:

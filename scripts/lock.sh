@@ -9,7 +9,7 @@ out="$REPO/requirements/lock.txt"
 {
     echo "# The dependency set CI tested: make setup installs with these as pip constraints (-c), so a fresh"
     echo "# machine gets exactly these versions. torch is never pinned here (a GPU or Jetson torch is kept)."
-    echo "# Made on $(uname -m) Linux, Python $("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])'), with: make lock   (after make test passed). To upgrade, see README."
+    echo "# Made on $(uname -m) Linux, Python $("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])'), with: make lock   (after make test passed). To upgrade, see docs/development.md."
     "$PY" -m pip freeze --exclude-editable | grep -v -E '^(torch|torchvision|torchaudio|triton|nvidia-[a-z0-9-]+)==' \
         | grep -v -E '^(-e |# Editable)'
 } > "$out.tmp"

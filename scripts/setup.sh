@@ -59,6 +59,21 @@ else
 fi
 
 # ------------------------------------------------------- 1. Vulkan (lavapipe)
+# apt-get waits up to 10 minutes for the dpkg lock another apt holds (a second `make setup`, unattended-upgrades)
+# instead of failing with Error 100; every apt-get call goes through apt_get
+APT_LOCK_TIMEOUT="${APT_LOCK_TIMEOUT:-600}"
+apt_get() { apt-get -o DPkg::Lock::Timeout="$APT_LOCK_TIMEOUT" "$@"; }
+# DPkg::Lock::Timeout does not cover apt-get update's lists lock, so setups on one machine take turns here
+APT_TURN_LOCK="${APT_TURN_LOCK:-/var/lock/shape-assembly-bench-setup-apt.lock}"
+
+mesa_ok() {  # the installed lavapipe is new enough (prints its version)
+    local icd ver
+    icd="$(ls /usr/share/vulkan/icd.d/lvp_icd*.json 2>/dev/null | head -n1 || true)"
+    ver="$(dpkg-query -W -f='${Version}' mesa-vulkan-drivers 2>/dev/null || true)"
+    echo "$ver"
+    [[ -n "$icd" && -n "$ver" ]] && dpkg --compare-versions "$ver" ge "$MESA_MIN"
+}
+
 mesa_step() {
     if [[ "${SKIP_APT:-0}" == "1" ]]; then
         say "vulkan: skipped (SKIP_APT=1)"; return
@@ -68,10 +83,8 @@ mesa_step() {
         say "vulkan: skipped (not a Debian/Ubuntu system; CPU rendering needs Mesa lavapipe >= $MESA_MIN)"
         return
     fi
-    local icd ver
-    icd="$(ls /usr/share/vulkan/icd.d/lvp_icd*.json 2>/dev/null | head -n1 || true)"
-    ver="$(dpkg-query -W -f='${Version}' mesa-vulkan-drivers 2>/dev/null || true)"
-    if [[ -n "$icd" && -n "$ver" ]] && dpkg --compare-versions "$ver" ge "$MESA_MIN"; then
+    local ver
+    if ver="$(mesa_ok)"; then
         say "vulkan: skipped (mesa-vulkan-drivers $ver, lavapipe ICD present)"
         return
     fi
@@ -81,22 +94,34 @@ mesa_step() {
     fi
     local cmd
     if [[ "$codename" == "bookworm" ]]; then
-        cmd="echo 'deb http://deb.debian.org/debian bookworm-backports main' > /etc/apt/sources.list.d/bookworm-backports.list && apt-get update && apt-get install -y -t bookworm-backports mesa-vulkan-drivers libvulkan1"
+        cmd="echo 'deb http://deb.debian.org/debian bookworm-backports main' > /etc/apt/sources.list.d/bookworm-backports.list && apt-get -o DPkg::Lock::Timeout=600 update && apt-get -o DPkg::Lock::Timeout=600 install -y -t bookworm-backports mesa-vulkan-drivers libvulkan1"
     else
-        cmd="apt-get update && apt-get install -y mesa-vulkan-drivers libvulkan1"
+        cmd="apt-get -o DPkg::Lock::Timeout=600 update && apt-get -o DPkg::Lock::Timeout=600 install -y mesa-vulkan-drivers libvulkan1"
     fi
     if [[ "$(id -u)" != "0" ]]; then
         say "vulkan: skipped, not root (mesa-vulkan-drivers '${ver:-missing}' < $MESA_MIN); run as root: $cmd"
         return
     fi
     export DEBIAN_FRONTEND=noninteractive
+    if command -v flock >/dev/null 2>&1; then
+        exec 9>"$APT_TURN_LOCK"
+        if ! flock -n 9; then
+            say "vulkan: waiting for another setup's apt step ($APT_TURN_LOCK)"
+            flock -w "$APT_LOCK_TIMEOUT" 9 || die "another setup held $APT_TURN_LOCK for ${APT_LOCK_TIMEOUT} s; rerun make setup once it is done"
+        fi
+        if ver="$(mesa_ok)"; then  # the other setup installed it meanwhile
+            say "vulkan: skipped (mesa-vulkan-drivers $ver, installed by another setup meanwhile)"
+            exec 9>&-
+            return
+        fi
+    fi
     if [[ "$codename" == "bookworm" ]]; then
         if ! grep -rqsE '^[^#]*bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
             echo 'deb http://deb.debian.org/debian bookworm-backports main' \
                 > /etc/apt/sources.list.d/bookworm-backports.list
         fi
-        apt-get update -qq >/dev/null
-        apt-get install -y -qq -t bookworm-backports mesa-vulkan-drivers libvulkan1 >/dev/null
+        apt_get update -qq >/dev/null
+        apt_get install -y -qq -t bookworm-backports mesa-vulkan-drivers libvulkan1 >/dev/null
     else
         # Older releases whose newest Mesa is still too old: don't re-run apt every time.
         local cand
@@ -104,11 +129,13 @@ mesa_step() {
         if [[ -n "$ver" && -n "$cand" && "$cand" != "(none)" ]] \
             && dpkg --compare-versions "$cand" le "$ver"; then
             say "vulkan: WARNING mesa-vulkan-drivers $ver is the newest available but < $MESA_MIN; CPU rendering may fail (use a GPU or a newer distro)"
+            exec 9>&-
             return
         fi
-        apt-get update -qq >/dev/null
-        apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+        apt_get update -qq >/dev/null
+        apt_get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
     fi
+    exec 9>&-  # the next setup's turn
     ver="$(dpkg-query -W -f='${Version}' mesa-vulkan-drivers 2>/dev/null || true)"
     if [[ -n "$ver" ]] && dpkg --compare-versions "$ver" ge "$MESA_MIN"; then
         say "vulkan: installed mesa-vulkan-drivers $ver and libvulkan1 (${codename:-unknown release})"

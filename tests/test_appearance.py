@@ -39,6 +39,7 @@ def _state(env) -> dict[str, np.ndarray]:
     return out
 
 
+@pytest.mark.sim
 def test_a_try_has_the_same_physical_state_under_either_appearance():
     """A scripted dev try of a clutter setup, stepped in both appearances: every state bit for bit equal."""
     setup, dev = "C02", load("dev")
@@ -130,6 +131,7 @@ def _images(env) -> dict[str, np.ndarray]:
     return {k: v["rgb"][0].numpy() for k, v in data.items()}
 
 
+@pytest.mark.sim
 def test_the_ground_quad_renders_as_the_grid():
     """ManiSkill's grid's uvs are affine in x and y, so its corners' two triangles draw the same floor; pixels
     may differ only where rasterising another set of edges rounds an interpolated uv the other way."""

@@ -1,5 +1,5 @@
 """The benchmarks run: each in --quick mode into a temporary folder, its JSON has the fields the results
-README reads. No timing is asserted (quick numbers mean nothing, and this machine is shared)."""
+README (results/README.md) reads. No timing is asserted (quick numbers mean nothing, and this machine is shared)."""
 
 from __future__ import annotations
 

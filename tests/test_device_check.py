@@ -242,11 +242,13 @@ def assert_octo_step_compiles_once_and_checks_parity_at_highest(tmp_path: Path, 
         assert r["timed_at"].startswith("default matmul precision")
 
 
+@pytest.mark.slow
 def test_octo_compiles_each_shape_once_and_checks_parity_at_highest_for_every_batch(tmp_path):
     pytest.importorskip("jax")
     assert_octo_step_compiles_once_and_checks_parity_at_highest(tmp_path)
 
 
+@pytest.mark.slow
 def test_engines_and_the_octo_step_under_the_newest_jax_for_python_312(tmp_path):
     """The GPU machine runs Python 3.12 with a newer JAX than the lock's (3.11): .ci/run makes a venv of the newest
     JAX the registry offers for Python 3.12 and names its interpreter in SAB_NEWEST_JAX_PYTHON."""
@@ -264,6 +266,7 @@ def test_engines_and_the_octo_step_under_the_newest_jax_for_python_312(tmp_path)
     assert_octo_step_compiles_once_and_checks_parity_at_highest(tmp_path, python)
 
 
+@pytest.mark.slow
 def test_a_second_compile_of_a_shape_fails_the_octo_row(tmp_path, monkeypatch):
     """Inputs put on the device committed (jax.device_put(x, device)) compile every batch size again: the step's
     count of the jit cache sees it."""
@@ -299,6 +302,8 @@ def test_partial_rows_of_a_benchmark_and_of_eval_go_into_the_record(tmp_path):
                                           {"file": "orin/summary.json", "results": {}}]
 
 
+@pytest.mark.sim
+@pytest.mark.slow
 def test_a_killed_child_benchmark_leaves_its_finished_rows_in_the_step_record(tmp_path):
     """octo-camera-batch runs benchmarks.octo_rollout (3 rollouts in a dry run); the benchmark is killed hard once
     its first row is written, and the step's record holds that row."""

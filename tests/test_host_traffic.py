@@ -277,5 +277,5 @@ def test_the_report_shows_host_traffic_beside_the_latency():
     assert "Host to device per query: 0 bytes, copy time p50 n/a (no device)." in render_markdown({"o": ort})
     assert "host_traffic" not in build_summary(records(lambda t: {}), model="jax")
     for bad in ("fast", "0.5", -1.0, True):
-        with pytest.raises(ReportError, match=f"h2d_ms_p50 is {bad!r}"):
+        with pytest.raises(ReportError, match="'h2d_ms_p50' is .*expected a finite number >= 0 or null"):
             build_summary(records(lambda t: {"h2d_bytes_per_query": 1.0, "h2d_ms_p50": bad}))

@@ -107,6 +107,8 @@ def _blob(tmp_path: Path, repo: str, commit: str, name: str) -> Path:
     return (tmp_path / "hf" / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / commit / name).resolve()
 
 
+@pytest.mark.sim
+@pytest.mark.slow
 def test_the_main_command_downloads_caches_runs_and_records_then_reruns_offline_with_no_request(tmp_path, hub):
     """The acceptance test: eval.orin on the tiny test repo through the real command line."""
     out = tmp_path / "run"
@@ -137,6 +139,7 @@ def test_the_main_command_downloads_caches_runs_and_records_then_reruns_offline_
     assert hub.requests == []
 
 
+@pytest.mark.slow
 def test_a_load_fetches_only_what_it_reads_then_the_cache_serves_it(tmp_path, hub):
     first = _weights(_load(tmp_path, hub.url, predict=True))
     assert _files_fetched(hub.requests) == NEEDED
@@ -156,6 +159,7 @@ def test_a_load_fetches_only_what_it_reads_then_the_cache_serves_it(tmp_path, hu
     assert offline == first and hub.requests == []
 
 
+@pytest.mark.slow
 def test_a_revision_is_resolved_to_its_commit_and_recorded(tmp_path, hub):
     v2 = _weights(_load(tmp_path, hub.url, revision="v2"))
     assert v2["checkpoint"]["revision"] == COMMIT_V2
@@ -184,6 +188,7 @@ def test_hub_down_and_no_cache_is_one_line_naming_repo_files_cache_and_flag(tmp_
         assert not (tmp_path / "run" / "run.json").exists()
 
 
+@pytest.mark.slow
 def test_hub_down_with_a_cache_runs_from_it_and_says_so(tmp_path, hub):
     first = _weights(_load(tmp_path, hub.url))
     with StubHub({}) as h:
@@ -193,6 +198,7 @@ def test_hub_down_with_a_cache_runs_from_it_and_says_so(tmp_path, hub):
     assert f"the Hub at {down} cannot be reached" in proc.stderr and f"{REPO}@{COMMIT[:12]}" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["300000/default/checkpoint", "config.json"])  # an LFS file, a git one
 def test_a_damaged_cached_file_is_refused_in_one_line(tmp_path, hub, name):
     _weights(_load(tmp_path, hub.url))

@@ -7,6 +7,7 @@ package shows up as a failing test of its own, not as a collection error that
 silently hides its submodules.
 """
 import importlib
+import json
 import os
 import pkgutil
 import re
@@ -63,42 +64,52 @@ def test_module_imports(module):
     importlib.import_module(module)
 
 
+SIMULATOR_MODULES = ("torch", "sapien", "mani_skill", "jax", "onnxruntime", "ray", "tensorrt", "tensorflow")
+# `python -m MODULE --help` as -m runs it (runpy, as __main__, sys.argv[0] the module's file), once per module for
+# both tests below: its exit status and stdout, and which heavy modules it imported (on the last line)
+HELP_RUN = """
+import contextlib, io, json, runpy, sys
+sys.argv = [sys.argv[1], "--help"]
+out, code = io.StringIO(), 0
+with contextlib.redirect_stdout(out):
+    try:
+        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) or e.code is None else 1
+sys.stdout.write(out.getvalue())
+print()
+print(json.dumps({"exit": code or 0, "heavy": sorted(m for m in %r if m in sys.modules)}))
+""" % (SIMULATOR_MODULES,)
+_HELP: dict[str, tuple[subprocess.CompletedProcess, dict]] = {}
+
+
+def _help(module: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """``python -m module --help``: the process (stdout less the last line) and ``{"exit", "heavy"}``."""
+    if module not in _HELP:
+        try:
+            proc = subprocess.run([sys.executable, "-c", HELP_RUN, module], cwd=REPO_ROOT, capture_output=True,
+                                  text=True, timeout=HELP_TIMEOUT_S, env=dict(os.environ, MPLBACKEND="Agg"))
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"python -m {module} --help took more than {HELP_TIMEOUT_S} s")
+        assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-3000:]
+        stdout, last = proc.stdout.rstrip("\n").rsplit("\n", 1)
+        _HELP[module] = (subprocess.CompletedProcess(proc.args, proc.returncode, stdout, proc.stderr), json.loads(last))
+    return _HELP[module]
+
+
 @pytest.mark.parametrize("module", CLI_MODULES)
 def test_cli_help(module):
-    env = dict(os.environ, MPLBACKEND="Agg")
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", module, "--help"],
-            cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-            timeout=HELP_TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"python -m {module} --help took more than {HELP_TIMEOUT_S} s")
-    assert proc.returncode == 0, (
-        f"python -m {module} --help exited {proc.returncode}\n"
+    proc, ran = _help(module)
+    assert ran["exit"] == 0, (
+        f"python -m {module} --help exited {ran['exit']}\n"
         f"--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
     )
     assert proc.stdout.strip(), f"python -m {module} --help printed nothing on stdout"
-
-
-SIMULATOR_MODULES = ("torch", "sapien", "mani_skill", "jax", "onnxruntime", "ray", "tensorrt", "tensorflow")
-HELP_IMPORTS = """
-import contextlib, io, json, runpy, sys
-sys.argv = [sys.argv[1], "--help"]
-with contextlib.redirect_stdout(io.StringIO()):
-    try:
-        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-    except SystemExit:
-        pass
-print(json.dumps(sorted(m for m in %r if m in sys.modules)))
-""" % (SIMULATOR_MODULES,)
 
 
 @pytest.mark.parametrize("module", CLI_MODULES)
 def test_cli_help_loads_no_simulator_or_framework(module):
     """--help answers at once: it imports none of the heavy modules (their import alone takes seconds;
     benchmarks/cli_startup.py measures the wall time)."""
-    proc = subprocess.run([sys.executable, "-c", HELP_IMPORTS, module], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=HELP_TIMEOUT_S, env=dict(os.environ, MPLBACKEND="Agg"))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "[]", f"python -m {module} --help imports {proc.stdout.strip()}"
+    _, ran = _help(module)
+    assert ran["heavy"] == [], f"python -m {module} --help imports {ran['heavy']}"

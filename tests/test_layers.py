@@ -1,4 +1,4 @@
-"""The house's layering (README, Layout): env < engines < jetson < eval < benchmarks. No module imports a
+"""The house's layering (docs/development.md, Layout): env < engines < jetson < eval < benchmarks. No module imports a
 higher layer, and no modules import each other in a circle, counting the imports inside functions (made lazily
 for speed, they still tie the modules together)."""
 

@@ -178,6 +178,7 @@ print(" ".join(hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in (o.back
 """
 
 
+@pytest.mark.slow
 def test_the_fast_output_check_exports_the_same_bytes_as_jax2onnxs_own(tmp_path):
     """engines.octo.jax2onnx_fast answers only where jax2onnx's scan would answer the same: the graphs of an
     export with it and without it are the same bytes. Each export is the first of a fresh process (a second

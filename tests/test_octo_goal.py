@@ -231,6 +231,7 @@ def _observation(seed=0):
             "proprio": np.zeros(9, np.float32), "instruction": INSTRUCTION}
 
 
+@pytest.mark.slow
 def test_policy_with_a_goal_file(tmp_path):
     from eval.request import make_policy
     from eval.policies.octo import preprocess

@@ -292,6 +292,7 @@ def test_backend_choice_is_checked_in_one_line():
         assert what in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_ort_backend_gives_the_jax_actions_closed_loop(tmp_path_factory, monkeypatch):
     """The same tries (seeds, observations) through ONNX Runtime and through JAX: the same readout to float
     rounding at every query, chunks within the sampler's amplification of it, the same actions. The export is

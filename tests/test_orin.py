@@ -51,7 +51,7 @@ def test_replay_holds_still_between_arrivals_and_draws_reproducibly(tmp_path):
         assert all(d in (0, 3) for d in policy.delays)
     assert runs[0] == runs[1]
     prof = tmp_path / "tries.jsonl"
-    prof.write_text(json.dumps({"setup": "A01", "try": 0, "infer_ms": [1.5, 2.5]}) + "\n")
+    prof.write_text(json.dumps({"setup": "A01", "try": 0, "success": False, "infer_ms": [1.5, 2.5]}) + "\n")
     assert load_profile(prof).tolist() == [1.5, 2.5]
     bad = tmp_path / "bad.json"
     bad.write_text('{"p50": 3}')
@@ -95,3 +95,22 @@ def test_orin_bad_input_is_one_line(tmp_path, args, needle):
     proc = _orin("--model", "scripted", *args, "--out", str(tmp_path / "x"))
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and needle in errors[0], proc.stderr[-1000:]
+
+
+def test_the_headline_command_names_only_the_model(monkeypatch, capsys):
+    """`python -m eval.orin --model octo-small` parses as written (the mission's headline): the run folder is the
+    model's own under runs/orin; eval.run keeps --out required."""
+    from eval import orin, run as eval_run
+
+    seen = {}
+
+    def fake_run(args, **kw):
+        seen["out"] = args.out
+        return eval_run.RunOutcome(2)
+
+    monkeypatch.setattr(eval_run, "run", fake_run)
+    orin.main(["--model", "octo-small"])
+    assert seen["out"] == "runs/orin/octo-small" and "run folder: runs/orin/octo-small" in capsys.readouterr().err
+    assert orin.default_out("my_pkg.policies:MyPolicy") == "runs/orin/MyPolicy"
+    with pytest.raises(SystemExit):
+        eval_run.build_parser().parse_args(["--model", "octo-small"])

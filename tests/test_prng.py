@@ -231,6 +231,7 @@ def test_the_derived_tolerance_is_a_few_ulps():
 
 
 # ------------------------------------------------------------------ bit for bit
+@pytest.mark.slow
 def test_prng_key_matches_jax_for_every_seed_kind(ref):
     for s in SEEDS:
         got = prng.prng_key(s)
@@ -284,6 +285,7 @@ def test_random_bits_and_uniforms_match_jax(ref):
                                           err_msg=f"uniform seed {s} shape {shape}")
 
 
+@pytest.mark.slow
 def test_every_uniform_normal_can_draw_maps_within_the_bound(ref):
     """All 2**23 values of normal()'s uniform through sqrt2 * erfinv: the uniforms bit for bit, the normals
     elementwise within erfinv_ulp_bound."""

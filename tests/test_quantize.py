@@ -14,7 +14,7 @@ pytest.importorskip("onnxruntime")
 from engines import quantize  # noqa: E402
 
 # INT8 parity bounds (relative error: max abs over the fp32 reference's max magnitude)
-TINY_OCTO_READOUT_REL = 0.15  # the tiny random-weights backbone; octo-small on recorded dev queries: see README
+TINY_OCTO_READOUT_REL = 0.15  # the tiny random-weights backbone; octo-small on recorded dev queries: see docs/engines.md
 BC_STATE_ACTION_MEAN_ABS = 0.05  # bc-state's trained weights, normalised actions in [-1, 1]
 BC_STATE_ACTION_MAX_ABS = 1.0  # its worst row (a z translation near a tanh knee) is reported, not bounded tighter
 
@@ -197,7 +197,7 @@ def test_unsupported_precisions_are_one_line(backend, precision, needle):
 
 
 def test_ort_has_no_bf16_kernels_here():
-    """Say plainly what the README says: this ONNX Runtime's CPU provider cannot run a bfloat16 MatMul."""
+    """Say plainly what docs/engines.md says: this ONNX Runtime's CPU provider cannot run a bfloat16 MatMul."""
     reason = quantize.ort_bf16_reason()
     assert reason is not None and "bfloat16" in reason and "\n" not in reason
 

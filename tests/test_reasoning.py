@@ -181,6 +181,7 @@ def test_dependency_asks_which_parts_account_for_the_step():
     assert added_counts == {1, 2}
 
 
+@pytest.mark.slow
 def test_adjacency_no_items_show_their_gap_in_the_image():
     """Ground truth decidable from the picture: every "no" item's two blocks are at least APART_MIN_PX apart in
     the image it comes with (occlusion along the line of sight used to hide 16 mm gaps)."""
@@ -196,6 +197,7 @@ def test_adjacency_no_items_show_their_gap_in_the_image():
     assert nos == 50
 
 
+@pytest.mark.slow
 def test_adjacency_no_gaps_show_in_the_render(renderer):
     """The measured rule behind APART_MIN_PX: in the render of a "no" item, the pixels between the two blocks
     (on the segment between their nearest pixels) include a run of at least 5 px that is neither block's
@@ -392,7 +394,7 @@ def test_oracle_and_random_runs(items):
 
 def test_family_wise_above_chance_matches_the_readme_claim():
     """Random Lite ordering at 3/20 (chance 1/24) reaches the paper's per-row critical count (3) but not the
-    family-wise one: the report's own test says 'not above chance', as the README does."""
+    family-wise one: the report's own test says 'not above chance', as results/README.md does."""
     recs = []
     for t in Q.TYPES:
         for i in range(20):
@@ -520,7 +522,7 @@ def test_cli_errors_are_one_line(tmp_path):
 def test_committed_reports_match_the_readme_claims():
     """results/reasoning: the oracle is at 100% on every type, both Overalls and every k; the random answerer is
     at chance by the report's own family-wise tests on both elementary tables and on both Overalls (the
-    README's claim), though position reaches its per-row critical count; the reports are of the committed set."""
+    results/README.md claim), though position reaches its per-row critical count; the reports are of the committed set."""
     root = REPO_ROOT / "results" / "reasoning"
     orc = json.loads((root / "oracle" / "summary.json").read_text())
     assert all(r["accuracy"] == 1.0 for t in ("elementary", "elementary_lite") for r in orc[t].values())
@@ -635,6 +637,7 @@ def _stack_masks(dom, camera="plan"):
     return masks
 
 
+@pytest.mark.slow
 def test_no_plan_item_has_stacks_overlapping_on_screen():
     """Every Plan-k-step item of the set (seed 0, k = 1..8, 20 each) and the multi-step items' first 20: in the
     start view no two stacks' pixels come within 2 px of each other, and none touches the board's outline

@@ -51,6 +51,7 @@ def test_cases_hold_every_legal_path_and_only_invalid_distractors():
             assert bad == {tuple(u["inserted"]) for u in case["invalid"][str(i)] if u["inserted"] is not None}
 
 
+@pytest.mark.slow
 def test_tolerance_lies_between_perturbed_correct_and_wrong_renders(gen_set):
     """The calibrated tolerance: the geometric mean of the largest perturbed-correct distance and the smallest
     wrong-state one, these two apart; checked again by brute force on one case (every perturbed valid render

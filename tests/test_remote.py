@@ -1020,7 +1020,7 @@ def test_a_served_runs_token_is_written_to_no_file_of_the_run_or_the_site(tmp_pa
 def test_readme_quotes_the_profile_table_and_every_convention_names_its_source():
     from eval.remote.profiles import CONVENTIONS, PROFILES, markdown_table
 
-    assert markdown_table() in (REPO_ROOT / "README.md").read_text()  # python -m eval.remote.profiles prints it
+    assert markdown_table() in (REPO_ROOT / "docs" / "servers.md").read_text()  # python -m eval.remote.profiles prints it
     for p in PROFILES.values():
         if not p.native:
             assert [c for c in CONVENTIONS if not p.sources.get(c)] == [], p.name
@@ -1028,10 +1028,10 @@ def test_readme_quotes_the_profile_table_and_every_convention_names_its_source()
 
 
 def test_readmes_remote_latency_numbers_are_the_committed_benchmarks():
-    """Every number of README's remote latency paragraph, from results/benchmarks/remote_latency.json, with its
+    """Every number of docs/servers.md's remote latency paragraph, from results/benchmarks/remote_latency.json, with its
     machine and whether it was loaded."""
     doc = json.loads((REPO_ROOT / "results" / "benchmarks" / "remote_latency.json").read_text())
-    text = " ".join((REPO_ROOT / "README.md").read_text().split())
+    text = " ".join((REPO_ROOT / "docs" / "servers.md").read_text().split())
     start = text.index("Measured on loopback by `python -m benchmarks.remote_latency")
     para = text[start:text.index("The transport includes packing", start)]
     rows = {(r["model"], r["protocol"], r["batch"]): r for r in doc["results"]["rows"]}

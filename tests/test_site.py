@@ -419,6 +419,7 @@ def built_page(tmp_path_factory):
     return site
 
 
+@pytest.mark.browser
 @pytest.mark.parametrize("width", [1400, 500])
 def test_page_in_headless_chromium(built_page, width):
     """Done when (issue 33): at 1400 and 500 px no page-wide sideways scroll, the leaderboard's score on screen

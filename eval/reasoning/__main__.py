@@ -15,16 +15,64 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
 
+SIZES = (32, 4096)  # a sane range of image sides, px (a bad --size used to fail deep in the renderer)
 
-def _ks(text: str) -> list[int]:
-    if "-" in text:
-        a, b = text.split("-", 1)
-        return list(range(int(a), int(b) + 1))
-    return [int(x) for x in text.split(",") if x.strip()]
+
+def _ks(text: str, flag: str = "--plan-k") -> list[int]:
+    try:
+        if "-" in text:
+            a, b = text.split("-", 1)
+            ks = list(range(int(a), int(b) + 1))
+            if not ks:  # "5-2" would silently select no k at all
+                raise ValueError
+            return ks
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} must be a range A-B (A <= B) or a comma-separated list of integers, "
+                         f"got {text!r}") from None
+
+
+# every numeric option of every subcommand: (dest, lowest, highest, whether the lowest is allowed); floats must
+# also be finite ("nan" and "inf" parse as floats). Checked once, before any work, one line each.
+NUMBERS = {
+    "build": [("seed", 0, None, True), ("per_type", 1, None, True), ("lite", 0, None, True),
+              ("plan_per_k", 1, None, True), ("size", *SIZES, True)],
+    "run": [("seed", 0, None, True), ("timeout", 0, None, False), ("retries", 0, None, True),
+            ("backoff", 0, None, True), ("retry_budget", 0, None, True), ("max_images", 1, None, True),
+            ("max_fail_share", 0, 1, True), ("sweep_seeds", 0, None, True), ("limit", 1, None, True)],
+    "gallery": [("tile", 16, 1024, True)],
+    "generate-build": [("seed", 0, None, True), ("per_k", 1, None, True), ("size", *SIZES, True)],
+    "generate-answers": [("seed", 0, None, True), ("timeout", 0, None, False), ("retries", 0, None, True),
+                         ("max_fail_share", 0, 1, True)],
+}
+
+
+def check_options(args) -> None:
+    """ValueError (one line naming the option) for an empty folder option (Path("") is the current folder: a set or
+    a report would be written into the repository root) or a numeric option out of its range or not finite."""
+    for dest in ("out", "data", "answers"):
+        v = getattr(args, dest, None)
+        if v is not None and not v.strip():
+            raise ValueError(f"--{dest} is empty; name a folder")
+    for dest, lo, hi, lo_ok in NUMBERS.get(args.cmd, ()):
+        v = getattr(args, dest, None)
+        if v is None:  # an optional one not given
+            continue
+        flag = "--" + dest.replace("_", "-")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"{flag} must be a finite number, got {v}")
+        if dest == "max_fail_share":  # a share: [0, 1)
+            if not 0 <= v < 1:
+                raise ValueError(f"{flag} must lie in [0, 1), got {v:g}")
+            continue
+        if (v < lo if lo_ok else v <= lo) or (hi is not None and v > hi):
+            want = (f"{lo}..{hi}" if hi is not None else f"at least {lo}" if lo_ok else f"more than {lo}")
+            raise ValueError(f"{flag} must be {want}, got {v:g}")
 
 
 def cmd_build(args) -> int:
@@ -35,7 +83,7 @@ def cmd_build(args) -> int:
     bad = [t for t in types if t not in Q.TYPES]
     if bad:
         raise ValueError(f"unknown question type {bad[0]!r}; valid: {', '.join(Q.TYPES)}")
-    ks = _ks(args.plan_k) if args.plan_k else []
+    ks = _ks(args.plan_k) if args.plan_k.strip() else []
     if any(not 1 <= k <= 8 for k in ks):
         raise ValueError("--plan-k values must lie in 1..8")
     m = build(args.out, seed=args.seed, per_type=args.per_type, lite=args.lite, types=types, plan_ks=ks,
@@ -59,8 +107,6 @@ def cmd_run(args) -> int:
 
     from eval.reasoning.report import RunStopped
 
-    if args.max_fail_share is not None and not 0 <= args.max_fail_share < 1:
-        raise ValueError(f"--max-fail-share must lie in [0, 1), got {args.max_fail_share}")
     answerer = make_answerer(args.answerer, seed=args.seed, endpoint=args.endpoint, model=args.model,
                              api_key=os.environ.get(args.api_key_env) if args.api_key_env else None,
                              timeout_s=args.timeout, retries=args.retries, backoff_s=args.backoff,
@@ -73,10 +119,16 @@ def cmd_run(args) -> int:
     items, manifest = load(args.data)
     if args.lite:
         items = [it for it in items if it["lite"]]
-    if args.types:
-        keep = set(args.types.split(","))
+    if args.types is not None:
+        from eval.reasoning import questions as Q
+
+        keep = {t.strip() for t in args.types.split(",") if t.strip()}
+        bad = sorted(keep - set(Q.TYPES) - {"plan"})  # a misspelt type would silently drop its questions
+        if bad or not keep:
+            raise ValueError(f"unknown --types {', '.join(bad) or repr(args.types)}; valid: {', '.join(Q.TYPES)}, "
+                             "plan")
         items = [it for it in items if it["type"] in keep]
-    if args.limit:
+    if args.limit is not None:
         items = items[: args.limit]
     if not items:
         raise ValueError("no questions selected")
@@ -138,11 +190,9 @@ def cmd_gallery(args) -> int:
 def cmd_generate_build(args) -> int:
     from eval.reasoning import genset as GS
 
-    ks = _ks(args.ks)
+    ks = _ks(args.ks, "--ks")
     if not ks or any(not 1 <= k <= 7 for k in ks):
         raise ValueError("--ks values must lie in 1..7")
-    if args.per_k < 1:
-        raise ValueError("--per-k must be at least 1")
     m = GS.build(args.out, seed=args.seed, ks=ks, per_k=args.per_k, size=args.size, progress=not args.quiet)
     print(f"wrote {m['n_cases']} generation cases, {m['n_images']} images to {args.out} in {m['build_s']:.1f} s")
     _print_calibration(m["calibration"])
@@ -306,6 +356,7 @@ def main(argv=None) -> int:
             "generate-calibrate": cmd_generate_calibrate, "generate-answers": cmd_generate_answers,
             "generate-score": cmd_generate_score}
     try:
+        check_options(args)
         return cmds[args.cmd](args)
     except (AnswererError, DataError, GenError, ValueError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

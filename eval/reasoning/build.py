@@ -8,7 +8,9 @@ rendered once. The set sha256 covers the JSONL bytes and every image's name and 
 not depend on the renderer's pixels. Every number in the JSONL is computed without BLAS
 (:mod:`env.exact`), so ``sha256_states`` is the same on every CPU and BLAS kernel (a test derives it
 under several ``OPENBLAS_CORETYPE`` values); the pixels, and with them the set sha256, are the
-renderer's (Mesa lavapipe's version and the CPU it compiles its shaders for).
+renderer's (Mesa lavapipe's version and the CPU it compiles its shaders for). The manifest's ``files`` holds each
+file's own sha256: :func:`load` checks every one before a run or a gallery reads the set, so an edited answer key
+is refused, named, with the command that rebuilds the set, instead of being scored under the old set sha256.
 """
 
 from __future__ import annotations
@@ -88,6 +90,14 @@ def set_sha256(jsonl: bytes, images: dict[str, bytes]) -> str:
     return h.hexdigest()
 
 
+def files_sha256(records_file: str, jsonl: bytes, images: dict[str, bytes]) -> dict[str, str]:
+    """Each file of a set and its sha256 (the manifest's ``files``): what a run checks, so that an edited file is
+    named before any question is answered."""
+    out = {records_file: hashlib.sha256(jsonl).hexdigest()}
+    out.update((name, hashlib.sha256(images[name]).hexdigest()) for name in sorted(images))
+    return out
+
+
 def build(out, seed=0, per_type=100, lite=20, types=Q.TYPES, plan_ks=range(1, 9), plan_per_k=20,
           size=S.IMAGE_SIZE, progress=True, renderer=None) -> dict:
     from tqdm import tqdm
@@ -120,10 +130,11 @@ def build(out, seed=0, per_type=100, lite=20, types=Q.TYPES, plan_ks=range(1, 9)
         counts[key] = counts.get(key, 0) + 1
     manifest = {
         "sha256": set_sha256(jsonl, images), "sha256_states": hashlib.sha256(jsonl).hexdigest(),
-        "seed": seed, "per_type": per_type, "lite_per_type": lite, "plan_ks": list(plan_ks), "plan_per_k": plan_per_k,
-        "plan_lite_per_k": PLAN_LITE, "image_size": size, "n_items": len(items), "n_image_refs": n_refs,
-        "n_images": len(images), "counts": counts,
+        "seed": seed, "per_type": per_type, "lite_per_type": lite, "types": list(types), "plan_ks": list(plan_ks),
+        "plan_per_k": plan_per_k, "plan_lite_per_k": PLAN_LITE, "image_size": size, "n_items": len(items),
+        "n_image_refs": n_refs, "n_images": len(images), "counts": counts,
         "build_s": round(time.monotonic() - t0, 2), "items_s": round(t_items, 2), "render_s": round(t_render, 2),
+        "files": files_sha256(QUESTIONS_FILE, jsonl, images),  # what a run checks first (verify_files)
     }
     (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
@@ -133,19 +144,101 @@ class DataError(RuntimeError):
     pass
 
 
-def read_set(data, records_file: str, build_command: str, error: type[Exception] = DataError
-             ) -> tuple[list[dict], dict | None]:
-    """A built set's records (one JSON line each) and its manifest (None when missing); ``error`` (one line
-    naming ``build_command``) when the records are missing."""
+def _json_lines(f: Path, raw: bytes, rebuild: str, error: type[Exception]) -> list[dict]:
+    records = []
+    for n, line in enumerate(raw.decode(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as e:
+            raise error(f"{f} line {n} is not JSON ({e.msg}): rebuild the set with: {rebuild}") from None
+        if not isinstance(rec, dict):
+            raise error(f"{f} line {n} is not a JSON object: rebuild the set with: {rebuild}")
+        records.append(rec)
+    return records
+
+
+def verify_files(data, manifest: dict, records_file: str, rebuild: str, error: type[Exception] = DataError) -> None:
+    """Every file of the set against the manifest's sha256 (``files``; a set built before those were written: the
+    records against ``sha256_states``, the images against ``sha256``); ``error``, one line naming the first file
+    that differs and ``rebuild``, the command that makes the set again."""
     data = Path(data)
+    files = manifest.get("files")
+    if isinstance(files, dict) and files:
+        for name, want in sorted(files.items(), key=lambda kv: (kv[0] != records_file, kv[0])):
+            f = data / name
+            if not f.is_file():
+                raise error(f"{f} is missing (listed in {data / MANIFEST_FILE}): rebuild the set with: {rebuild}")
+            if hashlib.sha256(f.read_bytes()).hexdigest() != want:
+                raise error(f"{f} differs from its sha256 in {data / MANIFEST_FILE} (edited or damaged): rebuild "
+                            f"the set with: {rebuild}")
+        return
+    if "sha256" not in manifest or "sha256_states" not in manifest:
+        raise error(f"{data / MANIFEST_FILE} holds no sha256 of the set: rebuild the set with: {rebuild}")
+    jsonl = (data / records_file).read_bytes()
+    if hashlib.sha256(jsonl).hexdigest() != manifest["sha256_states"]:
+        raise error(f"{data / records_file} differs from sha256_states in {data / MANIFEST_FILE} (edited or "
+                    f"damaged): rebuild the set with: {rebuild}")
+    images = {f"img/{f.name}": f.read_bytes() for f in sorted((data / "img").glob("*.png"))}
+    if set_sha256(jsonl, images) != manifest["sha256"]:  # an older manifest has no per-file hashes to name one by
+        raise error(f"the images in {data / 'img'} differ from the sha256 in {data / MANIFEST_FILE} (edited, "
+                    f"damaged, added or removed): rebuild the set with: {rebuild}")
+
+
+def read_set(data, records_file: str, build_command: str, error: type[Exception] = DataError,
+             rebuild=None) -> tuple[list[dict], dict]:
+    """A built set's records (one JSON line each) and its manifest, every file checked against the manifest's
+    sha256 before anything reads the set (:func:`verify_files`). ``error``, one line naming the file and the
+    command that rebuilds the set, when the records or the manifest are missing or not JSON, or a file differs.
+    ``rebuild(data, manifest)`` gives that command from the manifest (default: ``build_command --out DATA``)."""
+    data = Path(data)
+    plain = f"{build_command} --out {data}"
     f = data / records_file
     if not f.is_file():
-        raise error(f"no {records_file} in {data} (build it with: {build_command} --out {data})")
-    records = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        raise error(f"no {records_file} in {data} (build it with: {plain})")
+    raw = f.read_bytes()
     mf = data / MANIFEST_FILE
-    return records, json.loads(mf.read_text()) if mf.is_file() else None
+    if not mf.is_file():
+        raise error(f"no {MANIFEST_FILE} in {data}: its files cannot be checked; rebuild the set with: {plain}")
+    try:
+        manifest = json.loads(mf.read_text(errors="replace"))
+    except ValueError as e:
+        raise error(f"{mf} is not JSON ({e.msg}): rebuild the set with: {plain}") from None
+    if not isinstance(manifest, dict):
+        raise error(f"{mf} is not a JSON object: rebuild the set with: {plain}")
+    command = rebuild(data, manifest) if rebuild else plain
+    records = _json_lines(f, raw, command, error)
+    verify_files(data, manifest, records_file, command, error)
+    return records, manifest
+
+
+def rebuild_command(data, manifest: dict) -> str:
+    """The ``build`` command line that makes the set the manifest describes (its options where not the defaults)."""
+    parts = ["python -m eval.reasoning build", f"--out {data}"]
+    m = manifest
+    try:
+        if m.get("seed", 0) != 0:
+            parts.append(f"--seed {int(m['seed'])}")
+        if m.get("per_type", 100) != 100:
+            parts.append(f"--per-type {int(m['per_type'])}")
+        if m.get("lite_per_type", 20) != 20:
+            parts.append(f"--lite {int(m['lite_per_type'])}")
+        types = m.get("types") or [t for t in m.get("counts", {}) if not t.startswith("plan_k")]
+        if types and tuple(types) != Q.TYPES:
+            parts.append(f"--types {','.join(types)}")
+        ks = [int(k) for k in m.get("plan_ks", range(1, 9))]
+        if ks != list(range(1, 9)):
+            parts.append("--plan-k " + (",".join(map(str, ks)) if ks else "''"))
+        if m.get("plan_per_k", 20) != 20:
+            parts.append(f"--plan-per-k {int(m['plan_per_k'])}")
+        if m.get("image_size", S.IMAGE_SIZE) != S.IMAGE_SIZE:
+            parts.append(f"--size {int(m['image_size'])}")
+    except (TypeError, ValueError, AttributeError):  # a manifest edited by hand: the plain command
+        return f"python -m eval.reasoning build --out {data}"
+    return " ".join(parts)
 
 
 def load(data) -> tuple[list[dict], dict]:
-    items, manifest = read_set(data, QUESTIONS_FILE, "python -m eval.reasoning build")
-    return items, manifest or {}
+    """The questions and the manifest of a built set, every file checked against the manifest (DataError)."""
+    return read_set(data, QUESTIONS_FILE, "python -m eval.reasoning build", rebuild=rebuild_command)

@@ -45,7 +45,7 @@ from eval.reasoning import matching as M
 from eval.reasoning import partread as PR
 from eval.reasoning import planning as P
 from eval.reasoning import scene as S
-from eval.reasoning.build import MANIFEST_FILE, _png_bytes, read_set, set_sha256
+from eval.reasoning.build import MANIFEST_FILE, _png_bytes, files_sha256, read_set, set_sha256
 
 CASES_FILE = "cases.jsonl"
 RUN_FILE = "run.json"  # in an answers folder: how its images were made (written by the http driver)
@@ -177,7 +177,8 @@ def build(out, seed=0, ks=KS, per_k=20, size=S.IMAGE_SIZE, progress=True, render
                 "n_cases": len(cases), "n_images": len(images), "counts": counts, "calibration": cal,
                 "n_valid_refs": sum(len(v) for c in cases for v in c["valid"].values()),
                 "n_invalid_refs": sum(len(v) for c in cases for v in c["invalid"].values()),
-                "build_s": round(time.monotonic() - t0, 2)}
+                "build_s": round(time.monotonic() - t0, 2),
+                "files": files_sha256(CASES_FILE, jsonl, images)}  # what a run checks first (verify_files)
     (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
@@ -395,11 +396,27 @@ def recalibrate(data, progress: bool = True) -> dict:
     return manifest
 
 
+def rebuild_command(data, manifest: dict) -> str:
+    """The ``generate-build`` command line that makes the set the manifest describes."""
+    parts = ["python -m eval.reasoning generate-build", f"--out {data}"]
+    try:
+        if manifest.get("seed", 0) != 0:
+            parts.append(f"--seed {int(manifest['seed'])}")
+        ks = [int(k) for k in manifest.get("ks", KS)]
+        if ks != list(KS):
+            parts.append(f"--ks {','.join(map(str, ks))}")
+        if manifest.get("per_k", 20) != 20:
+            parts.append(f"--per-k {int(manifest['per_k'])}")
+        if manifest.get("image_size", S.IMAGE_SIZE) != S.IMAGE_SIZE:
+            parts.append(f"--size {int(manifest['image_size'])}")
+    except (TypeError, ValueError, AttributeError):  # a manifest edited by hand: the plain command
+        return f"python -m eval.reasoning generate-build --out {data}"
+    return " ".join(parts)
+
+
 def load(data) -> tuple[list[dict], dict]:
-    cases, manifest = read_set(data, CASES_FILE, "python -m eval.reasoning generate-build", GenError)
-    if manifest is None:
-        raise GenError(f"no {MANIFEST_FILE} in {data}: rebuild the set")
-    return cases, manifest
+    """The cases and the manifest of a built set, every file checked against the manifest (GenError)."""
+    return read_set(data, CASES_FILE, "python -m eval.reasoning generate-build", GenError, rebuild=rebuild_command)
 
 
 def read_answers(answers, case, size) -> list[np.ndarray] | str:

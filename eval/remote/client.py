@@ -27,7 +27,12 @@ line naming the URL); a dropped connection :class:`ServerDropped`; an error the 
 :class:`ServerError` carrying the server's exception (type and message, in one line); a reply without
 ``actions``, of another shape than the profile's or not finite :class:`MalformedReply` naming the key and the
 expected shape. The last three are :class:`~eval.policies.base.BadActionError`, which the runner reports in one
-line naming the try (its finished tries are kept; rerunning continues). A reply later than ``timeout_s`` raises
+line naming the try (its finished tries are kept; rerunning continues). What a server sends is bounded and
+checked: a reply over :data:`MAX_REPLY_BYTES`, an array that is not plain numbers
+(:func:`eval.remote.wire.peer_array`), metadata fields of the wrong type (:func:`check_metadata_fields`) or a
+malformed ``server_timing`` / ``queued`` are :class:`MalformedReply` or :class:`ServerUnreachable`, one line naming
+the server; a server that closes the connection with a reason has it in the line (:class:`ServerRefused` when it
+refused our request: not retried). A reply later than ``timeout_s`` raises
 :class:`ServerError`; the runner's ``--step-timeout`` watchdog flags a try whose query hangs longer than its own
 limit as ``policy_hang``.
 """
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import time
 import urllib.parse
 from http import HTTPStatus
@@ -49,6 +55,12 @@ from eval.remote.profiles import Profile, foreign_inputs, get_profile, to_scene
 
 DEFAULT_TIMEOUT_S = 600.0  # a reply later than this is a dead server; --step-timeout flags hangs before it
 CONNECT_TIMEOUT_S = 10.0
+# What a reply may be: actions (a chunk of at most a few hundred numbers per scene: (50, 7) for pi0, (n, 7) and
+# the queued chunks for eval.serve) and the server's metadata, kilobytes; 4 MiB leaves room for servers that send
+# more keys and bounds what a lying server can make a worker hold (websockets refuses a longer message from its
+# frame header, close code 1009; the HTTP link reads no more than this).
+MAX_REPLY_BYTES = 4 * 2**20
+META_TEXT_LIMIT = 400  # the metadata strings a try's record keeps (backend, weights sha256, note)
 
 
 class ServerUnreachable(ConnectionError):
@@ -65,6 +77,18 @@ class ServerDropped(ServerError, ConnectionLost):
 
 class MalformedReply(BadActionError):
     """A reply without a key the profile needs, of the wrong shape, or not finite."""
+
+
+class ServerRefused(ServerError):
+    """The server closed the connection because of what was sent (close code 1003, 1007, 1008, 1009): the same
+    request would be refused again, so it is not retried."""
+
+
+class ServerClosed(ServerDropped):
+    """The server closed the connection with a close frame (going away, full, idle): a new connection may do."""
+
+
+REFUSING_CODES = {1003: "unsupported data", 1007: "invalid data", 1008: "policy violation", 1009: "message too big"}
 
 
 def _numpy(x):
@@ -100,7 +124,8 @@ class Link:
                 url = urllib.parse.urlunsplit(parts._replace(path=parts.path or "/", query=query))
         try:
             # entered as a context (websockets >= 17.1 deprecates a bare connect(); older ones return the connection)
-            self.ws = wsc.connect(url, compression=None, max_size=None, additional_headers=headers,
+            # websockets 17.4 (websockets/sync/client.py connect): max_size bounds each reply from its frame header
+            self.ws = wsc.connect(url, compression=None, max_size=MAX_REPLY_BYTES, additional_headers=headers,
                                   open_timeout=CONNECT_TIMEOUT_S, ping_interval=None).__enter__()
         except Exception as e:  # noqa: BLE001 - refused, unresolvable, rejected handshake (401): one line
             raise ServerUnreachable(_unreachable(self.url, e)) from None
@@ -113,26 +138,55 @@ class Link:
                 if reply["type"] != "hello":
                     raise wire.ProtocolError(f"expected a hello reply, got {reply['type']}")
                 self.metadata = reply["payload"] if isinstance(reply["payload"], dict) else {}
+            check_metadata_fields(self.metadata, self.url)
+        except (ServerClosed, ServerRefused) as e:  # the server said why (full, going away): its words
+            self.close()
+            raise ServerUnreachable(str(e)) from None
+        except ServerUnreachable:
+            self.close()
+            raise
         except (BadActionError, wire.ProtocolError) as e:  # a dropped, silent or garbled handshake
             self.close()
             raise ServerUnreachable(f"the model server at {self.url} does not speak {self.protocol} ({e}); check "
                                     "--protocol") from None
 
-    def _recv(self, timeout: float):
+    def _recv(self, timeout: float, limit_s: float | None = None):
+        """The next message; ``limit_s``: the whole wait this one ends, named in the timeout's line."""
         try:
             return self.ws.recv(timeout=timeout)
         except TimeoutError:
-            raise ServerError(f"no reply from the model server at {self.url} within {timeout:g} s") from None
+            raise ServerError(f"no reply from the model server at {self.url} within {limit_s or timeout:g} s"
+                              ) from None
         except Exception as e:  # noqa: BLE001 - ConnectionClosed and the like
-            raise ServerDropped(f"the connection to the model server at {self.url} dropped ({type(e).__name__}: "
-                                f"{wire.one_line(str(e), 200)})") from None
+            raise self._closed(e) from None
+
+    def _closed(self, e: Exception) -> ServerError:
+        """What a closed connection means: a reply over MAX_REPLY_BYTES (we closed with 1009), our request refused
+        (the server closed with 1003/1007/1008/1009: not retried), the server going away with its reason, or a drop."""
+        sent, rcvd = getattr(e, "sent", None), getattr(e, "rcvd", None)
+        ours = sent is not None and not getattr(e, "rcvd_then_sent", False)  # we closed first (rcvd: the echo)
+        if ours and sent.code == 1009:
+            return MalformedReply(f"a reply from the model server at {self.url} is over {MAX_REPLY_BYTES} bytes "
+                                  "(a reply holds actions: kilobytes); refused")
+        if not ours and rcvd is not None and rcvd.code in REFUSING_CODES:
+            return ServerRefused(f"the model server at {self.url} refused the request and closed the connection "
+                                 f"({rcvd.code} {REFUSING_CODES[rcvd.code]}: {wire.one_line(rcvd.reason, 200) or '-'})")
+        if not ours and rcvd is not None and rcvd.reason:
+            return ServerClosed(f"the model server at {self.url} closed the connection ({rcvd.code}: "
+                                f"{wire.one_line(rcvd.reason, 200)})")
+        return ServerDropped(f"the connection to the model server at {self.url} dropped ({type(e).__name__}: "
+                             f"{wire.one_line(str(e), 200)})")
 
     def _send(self, data: bytes) -> None:
+        limit = self.metadata.get("max_message_bytes")
+        if type(limit) is int and len(data) > limit:  # eval.serve says its limit: refused here, in words
+            raise ServerRefused(f"a request of {len(data)} bytes is over the limit of the model server at {self.url} "
+                                f"({limit} bytes): restart it with --max-message-bytes {2 * len(data)}, or use fewer "
+                                "--num-envs")
         try:
             self.ws.send(data)
         except Exception as e:  # noqa: BLE001
-            raise ServerDropped(f"the connection to the model server at {self.url} dropped ({type(e).__name__})"
-                                ) from None
+            raise self._closed(e) from None
 
     def _openpi(self, data) -> dict:
         if isinstance(data, str):  # openpi's server sends its traceback as text (eval.serve the exception)
@@ -150,8 +204,8 @@ class Link:
         self._send(wire.vla_pack(msg_type, payload, self.seq))
         return self.seq
 
-    def _recv_vla(self, timeout: float) -> dict:
-        data = self._recv(timeout)
+    def _recv_vla(self, timeout: float, limit_s: float | None = None) -> dict:
+        data = self._recv(timeout, limit_s)
         try:
             return wire.vla_unpack(data)
         except wire.ProtocolError as e:
@@ -164,8 +218,12 @@ class Link:
             reply = self._openpi(self._recv(self.timeout_s))
         else:
             seq = self._send_vla("observation", payload)
+            deadline = time.monotonic() + self.timeout_s  # for the action: other messages do not extend it
             while True:
-                msg = self._recv_vla(self.timeout_s)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ServerError(f"no reply from the model server at {self.url} within {self.timeout_s:g} s")
+                msg = self._recv_vla(left, self.timeout_s)
                 if msg["type"] == "error":
                     error = msg["payload"].get("error", msg["payload"]) if isinstance(msg["payload"], dict) \
                         else msg["payload"]
@@ -211,7 +269,7 @@ class HttpLink:
         self.conn = cls(self.host, self.port, timeout=CONNECT_TIMEOUT_S)
         try:
             status, body = self._request("GET", "/openapi.json", None)  # FastAPI's route list
-        except ServerError as e:  # refused, unresolvable, silent
+        except (ServerError, MalformedReply) as e:  # refused, unresolvable, silent, a body over the limit
             raise ServerUnreachable(_unreachable(self.url, e)) from None
         try:
             paths = wire.json_numpy_loads(body).get("paths", {}) if status == HTTPStatus.OK else {}
@@ -229,13 +287,20 @@ class HttpLink:
     def _request(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
         import http.client
 
+        if self.conn is None:  # closed after a reply over the limit
+            raise ServerDropped(f"the connection to the model server at {self.url} is closed")
         headers = {"Content-Type": "application/json"} if body is not None else {}
         if self.token:
             headers["Authorization"] = f"Api-Key {self.token}"
         try:
             self.conn.request(method, path, body=body, headers=headers)
             response = self.conn.getresponse()
-            return response.status, response.read()
+            data = response.read(MAX_REPLY_BYTES + 1)  # no more than a reply may be: a lying server's body unread
+            if len(data) > MAX_REPLY_BYTES:
+                self.close()  # the rest of the body is still on the socket: this connection cannot carry another
+                raise MalformedReply(f"a reply from the model server at {self.url} is over {MAX_REPLY_BYTES} bytes "
+                                     "(a reply holds actions: kilobytes); refused")
+            return response.status, data
         except TimeoutError:
             raise ServerError(f"no reply from the model server at {self.url} within {self.timeout_s:g} s") from None
         except (OSError, http.client.HTTPException) as e:
@@ -279,6 +344,28 @@ def connect(url: str, protocol: str, token: str | None = None, timeout_s: float 
     if wire.check_protocol(protocol) == "openvla-http":
         return HttpLink(url, token, timeout_s)
     return Link(url, protocol, token, timeout_s)
+
+
+def check_metadata_fields(meta: Mapping[str, Any], url: str) -> None:
+    """The fields of a server's metadata this client reads, each of its type (a try's record keeps the strings, the
+    rollout divides by the window and horizon), or one-line :class:`ServerUnreachable`."""
+    def bad(key: str, what: str) -> ServerUnreachable:
+        return ServerUnreachable(f"the model server at {url} sent metadata whose {key!r} is not {what} (got "
+                                 f"{wire.one_line(repr(meta[key]), 80)}): not a server this client can trust")
+
+    for key in ("server", "model_server", "model", "backend", "weights_sha256", "note"):
+        if meta.get(key) is not None and not (isinstance(meta[key], str) and len(meta[key]) <= META_TEXT_LIMIT):
+            raise bad(key, f"a string of at most {META_TEXT_LIMIT} characters")
+    if meta.get("max_message_bytes") is not None and not (type(meta["max_message_bytes"]) is int
+                                                           and meta["max_message_bytes"] > 0):
+        raise bad("max_message_bytes", "a positive int")
+    reads = meta.get("reads")
+    if reads is not None:
+        ok = isinstance(reads, dict) and all(type(reads.get(k)) is int and 1 <= reads[k] <= 10_000
+                                             for k in ("window", "exec_horizon")) \
+            and type(reads.get("temporal_ensembling", False)) is bool
+        if not ok:
+            raise bad("reads", "{window: 1.., exec_horizon: 1.., temporal_ensembling: bool}")
 
 
 def check_metadata(profile: Profile, meta: Mapping[str, Any], url: str) -> None:
@@ -420,7 +507,11 @@ class RemotePolicy(Policy):
     def decode(self, outputs: Mapping[str, np.ndarray] | None, row: int) -> np.ndarray:
         if outputs is None:
             return self._queue.pop(0)
-        queued = np.asarray(outputs["queued"][row], np.float32).reshape(-1, ACTION_DIM)
+        try:
+            queued = np.asarray(outputs["queued"][row], np.float32).reshape(-1, ACTION_DIM)
+        except (TypeError, ValueError):
+            raise MalformedReply(f"the reply from {self.url} (seed {self.seed}): key 'queued' must hold each scene's "
+                                 f"queued actions as (k, {ACTION_DIM}) numbers") from None
         if not np.all(np.isfinite(queued)):
             raise MalformedReply(f"the reply from {self.url} (seed {self.seed}): key 'queued' holds non-finite values")
         self._queue = list(queued)
@@ -456,6 +547,9 @@ class RemotePolicy(Policy):
         reply, rtt = self.link.call(payload)
         timing = reply.get("server_timing") if isinstance(reply.get("server_timing"), dict) else {}
         server = timing.get("infer_ms")
+        if server is not None and not (type(server) in (int, float) and math.isfinite(server) and server >= 0):
+            raise MalformedReply(f"the reply from {self.url} (seed {self.seed}): 'server_timing.infer_ms' must be a "
+                                 f"finite number of ms >= 0, got {wire.one_line(repr(server), 60)}")
         self.remote_ms.append((rtt, None if server is None else float(server), warm))
         return reply
 

@@ -4,7 +4,7 @@ A profile is a row of :data:`PROFILES` (a frozen dataclass, no code) written for
 camera goes to which key and at what size, the instruction key, the proprioception layout, the shape of a
 reply's ``actions``, how many of them are executed, their units and the gripper's sign, and where each of
 these was read (:attr:`Profile.sources`: the upstream file and commit). ``python -m eval.remote.profiles``
-prints the table (README's "Remote policies" quotes it; a test checks they agree). Two kinds:
+prints the table (docs/servers.md, "The profiles", quotes it; a test checks they agree). Two kinds:
 
 - **native** (``octo-small``, ``octo-base``, ``bc-state``): a server of this project (``python -m eval.serve``).
   The client sends the scene's own observation (camera frames as rendered, or the exact state for bc-state,
@@ -305,7 +305,7 @@ def to_scene(p: Profile, action) -> np.ndarray:
 
 
 def markdown_table() -> str:
-    """Every profile's conventions and their sources, as README quotes them."""
+    """Every profile's conventions and their sources, as docs/servers.md quotes them."""
     out = ["| profile | protocol | convention | value | read from |", "|---|---|---|---|---|"]
     for p in PROFILES.values():
         for i, (conv, value, source) in enumerate(p.conventions()):
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argparse.ArgumentParser(prog="python -m eval.remote.profiles",
                             description="Print every remote profile's conventions and where each was read "
-                                        "(the Markdown table README's 'Remote policies' quotes).").parse_args(argv)
+                                        "(the Markdown table docs/servers.md's 'The profiles' quotes).").parse_args(argv)
     sys.stdout.write(markdown_table())
     return 0
 

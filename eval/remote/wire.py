@@ -85,6 +85,75 @@ def exception_line(text: str) -> str:
     return one_line(" ".join(lines)) or "(no text)"
 
 
+# ------------------------------------------------------------------ a peer's arrays
+# What a peer's bytes may become: numbers of the kinds the protocols carry (bool, int, uint, float). Anything
+# else is refused before numpy sees the bytes: an object dtype ("|O") makes numpy read the peer's bytes as
+# pointers (the process crashes on first use), and str, void, structured, datetime and complex arrays are no
+# protocol's. No pickles: msgpack carries none, and nothing here unpickles.
+ALLOWED_KINDS = "biuf"
+MAX_DIMS = 8  # an observation's arrays have at most 4 (a batch of images); more is no client of these protocols
+
+
+def peer_dtype(dtype: Any) -> np.dtype:
+    """The dtype a peer declared (numpy's string, e.g. '<f4'), if it is a plain number type; else ProtocolError."""
+    if isinstance(dtype, bytes):
+        dtype = dtype.decode("ascii", "replace")
+    if isinstance(dtype, np.dtype):
+        parsed = dtype
+    elif isinstance(dtype, str) and len(dtype) <= 16:
+        try:
+            parsed = np.dtype(dtype)
+        except Exception:  # noqa: BLE001 - not a dtype numpy knows: one line
+            raise ProtocolError(f"array dtype {dtype!r} is not a numpy dtype") from None
+    else:
+        raise ProtocolError(f"array dtype must be a short string such as '<f4', got {one_line(repr(dtype), 60)}")
+    # kind "V" also covers structured ("f4,f4") and sub-array ("(2,)f4") dtypes
+    if parsed.kind not in ALLOWED_KINDS or parsed.fields is not None or parsed.subdtype is not None:
+        raise ProtocolError(f"array dtype {parsed.str!r} is not a number type the protocol carries (bool, int, "
+                            "uint, float)")
+    return parsed
+
+
+def peer_array(data: Any, dtype: Any, shape: Any, copy: bool) -> np.ndarray:
+    """The array a peer sent as raw bytes, dtype and shape, checked: a number dtype (:func:`peer_dtype`), a
+    shape of at most MAX_DIMS non-negative ints, and exactly shape * itemsize bytes (a huge shape declared with
+    few bytes is refused, not allocated). Read-only over the message's bytes unless ``copy``."""
+    kind = peer_dtype(dtype)
+    if not isinstance(data, (bytes, bytearray)):
+        raise ProtocolError(f"array data must be bytes, got {type(data).__name__}")
+    if not isinstance(shape, (list, tuple)) or len(shape) > MAX_DIMS or \
+            not all(type(d) is int and d >= 0 for d in shape):  # type(d) is int: a bool is no dimension
+        raise ProtocolError(f"array shape must be a list of at most {MAX_DIMS} non-negative ints, got "
+                            f"{one_line(repr(shape), 80)}")
+    count = 1
+    for d in shape:  # Python ints: no overflow
+        count *= d
+    if count * kind.itemsize != len(data):
+        raise ProtocolError(f"array of shape {tuple(shape)} and dtype {kind.str} needs {count * kind.itemsize} "
+                            f"bytes, the message holds {len(data)}")
+    array = np.frombuffer(bytes(data), dtype=kind).reshape(shape)
+    return array.copy() if copy else array
+
+
+def peer_scalar(value: Any, dtype: Any) -> np.generic:
+    """A numpy scalar a peer sent (openpi's ``__npgeneric__``): a number of a number dtype, else ProtocolError."""
+    kind = peer_dtype(dtype)
+    if type(value) not in (bool, int, float):
+        raise ProtocolError(f"a numpy scalar's data must be a number, got {type(value).__name__}")
+    try:
+        return kind.type(value)
+    except (OverflowError, ValueError, TypeError) as e:
+        raise ProtocolError(f"a numpy scalar {value!r} does not fit {kind.str}: {_line(e)}") from None
+
+
+def _msgpack_error(e: Exception) -> str:
+    import msgpack
+
+    if isinstance(e, msgpack.StackError):
+        return "nested too deeply"
+    return _line(e)
+
+
 # ------------------------------------------------------------------ openpi: msgpack-numpy
 def _openpi_default(obj):
     if isinstance(obj, (np.ndarray, np.generic)) and obj.dtype.kind in ("V", "O", "c"):
@@ -99,10 +168,17 @@ def _openpi_default(obj):
 
 def _openpi_hook(obj):
     if b"__ndarray__" in obj:
-        return np.ndarray(buffer=obj[b"data"], dtype=np.dtype(obj[b"dtype"]), shape=obj[b"shape"])
+        missing = [k.decode() for k in (b"data", b"dtype", b"shape") if k not in obj]
+        if missing:
+            raise ProtocolError(f"an __ndarray__ without {', '.join(missing)}")
+        return peer_array(obj[b"data"], obj[b"dtype"], obj[b"shape"], copy=False)
     if b"__npgeneric__" in obj:
-        return np.dtype(obj[b"dtype"]).type(obj[b"data"])
+        return peer_scalar(obj.get(b"data"), obj.get(b"dtype"))
     return obj
+
+
+def _no_ext(code: int, data: bytes):
+    raise ProtocolError(f"a msgpack extension type ({code}): no part of the protocol")
 
 
 def openpi_pack(obj: Any) -> bytes:
@@ -112,12 +188,17 @@ def openpi_pack(obj: Any) -> bytes:
 
 
 def openpi_unpack(data: bytes) -> Any:
+    """One openpi message, its arrays checked (:func:`peer_array`), or a one-line ProtocolError."""
     import msgpack
 
+    if isinstance(data, str):
+        raise ProtocolError(f"a text frame where an openpi msgpack message was expected: {one_line(data, 80)!r}")
     try:
-        return msgpack.unpackb(data, object_hook=_openpi_hook)
+        return msgpack.unpackb(data, object_hook=_openpi_hook, ext_hook=_no_ext)
+    except ProtocolError as e:
+        raise ProtocolError(f"a malformed openpi message ({len(data)} bytes): {e}") from None
     except Exception as e:  # noqa: BLE001 - garbage from the peer: one line
-        raise ProtocolError(f"not an openpi msgpack message ({len(data)} bytes): {_line(e)}") from None
+        raise ProtocolError(f"not an openpi msgpack message ({len(data)} bytes): {_msgpack_error(e)}") from None
 
 
 # ------------------------------------------------------------------ vla-eval: typed messages
@@ -140,18 +221,48 @@ def _vla_hook(obj):
     if not isinstance(obj, dict):
         return obj
     if "__ndarray__" in obj:
-        dtype = np.dtype(obj["dtype"])
-        if dtype.kind not in "biuf":
-            raise ProtocolError(f"disallowed array dtype {dtype}")
-        return np.frombuffer(obj["data"], dtype=dtype).reshape(obj["shape"]).copy()
-    if "__image__" in obj:  # PNG/JPEG images of vla-eval's codec
-        try:
-            from vla_eval.protocol.image_codec import decode_image
-        except ImportError:
-            raise ProtocolError("an encoded image arrived; decoding it needs vla-eval (pip install -e '.[remote]')"
-                                ) from None
-        return decode_image(obj)
+        missing = [k for k in ("data", "dtype", "shape") if k not in obj]
+        if missing:
+            raise ProtocolError(f"an __ndarray__ without {', '.join(missing)}")
+        return peer_array(obj["data"], obj["dtype"], obj["shape"], copy=True)
+    if "__image__" in obj:  # images of vla-eval's codec (raw, PNG, JPEG)
+        return _decode_image(obj)
     return obj
+
+
+MAX_IMAGE_SIDE = 4096  # an encoded image's width and height: checked from its header before its pixels are read
+
+
+def _decode_image(obj: dict) -> np.ndarray:
+    """An image of vla-eval's codec (vla_eval/protocol/image_codec.py decode_image: raw bytes, or
+    ``np.array(Image.open(data))``), decoded alike but checked: its raw form as :func:`peer_array` (the codec's own
+    ``np.frombuffer`` takes any dtype: an object one would crash), a PNG/JPEG's size from its header first (a
+    small PNG may inflate to gigabytes)."""
+    fmt = obj.get("format")
+    if fmt == "raw":
+        return peer_array(obj.get("data"), obj.get("dtype"), obj.get("shape"), copy=True)
+    if fmt not in ("png", "jpeg") or not isinstance(obj.get("data"), bytes):
+        raise ProtocolError(f"an encoded image of format {one_line(repr(fmt), 30)}: raw, png or jpeg with bytes "
+                            "expected")
+    try:
+        import io
+
+        from PIL import Image
+    except ImportError:
+        raise ProtocolError("an encoded image arrived; decoding it needs Pillow (pip install -e '.[remote]')") from None
+    try:
+        img = Image.open(io.BytesIO(obj["data"]), formats=[fmt.upper()])  # the header only, by the declared decoder
+        if not (1 <= img.width <= MAX_IMAGE_SIDE and 1 <= img.height <= MAX_IMAGE_SIDE):
+            raise ProtocolError(f"an encoded image of {img.width}x{img.height} pixels (at most {MAX_IMAGE_SIDE} a "
+                                "side)")
+        array = np.array(img)
+    except ProtocolError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a truncated or corrupt image: one line
+        raise ProtocolError(f"an encoded {fmt} image that does not decode: {_line(e)}") from None
+    if array.dtype.kind not in ALLOWED_KINDS:
+        raise ProtocolError(f"an encoded image decodes to {array.dtype}, not numbers")
+    return array
 
 
 def vla_pack(msg_type: str, payload: dict, seq: int = 0) -> bytes:
@@ -168,11 +279,11 @@ def vla_unpack(data: bytes) -> dict:
     if isinstance(data, str):
         raise ProtocolError(f"a text frame where a vla-eval message was expected: {data[:80]!r}")
     try:
-        raw = msgpack.unpackb(data, object_hook=_vla_hook, raw=False)
-    except ProtocolError:
-        raise
+        raw = msgpack.unpackb(data, object_hook=_vla_hook, ext_hook=_no_ext, raw=False)
+    except ProtocolError as e:
+        raise ProtocolError(f"a malformed vla-eval message ({len(data)} bytes): {e}") from None
     except Exception as e:  # noqa: BLE001
-        raise ProtocolError(f"not a vla-eval msgpack message ({len(data)} bytes): {_line(e)}") from None
+        raise ProtocolError(f"not a vla-eval msgpack message ({len(data)} bytes): {_msgpack_error(e)}") from None
     if not isinstance(raw, dict):
         raise ProtocolError(f"a vla-eval message must be a map, got {type(raw).__name__}")
     missing = [k for k in ("type", "payload", "seq", "timestamp") if k not in raw]
@@ -205,13 +316,13 @@ def _json_numpy_hook(obj: dict):
     from numpy.lib.format import descr_to_dtype
 
     try:
-        dtype = descr_to_dtype(obj["dtype"])
-        if dtype.kind not in "biuf":
-            raise ProtocolError(f"disallowed array dtype {dtype}")
-        flat = np.frombuffer(base64.b64decode(obj["__numpy__"]), dtype)
-        return flat.reshape(obj["shape"]) if obj["shape"] else flat[0]
-    except ProtocolError:
-        raise
+        if not isinstance(obj["dtype"], str) or not isinstance(obj["__numpy__"], str):
+            raise ProtocolError("a json_numpy array's dtype and data must be strings")
+        array = peer_array(base64.b64decode(obj["__numpy__"], validate=True), descr_to_dtype(obj["dtype"]),
+                           obj.get("shape"), copy=False)
+        return array if array.shape else array[()]
+    except ProtocolError as e:
+        raise ProtocolError(f"a malformed json_numpy array: {e}") from None
     except Exception as e:  # noqa: BLE001 - a malformed array from the peer: one line
         raise ProtocolError(f"a malformed json_numpy array ({_line(e)})") from None
 
@@ -227,3 +338,5 @@ def json_numpy_loads(data: bytes) -> Any:
         raise
     except ValueError as e:
         raise ProtocolError(f"not a JSON reply ({len(data)} bytes): {_line(e)}") from None
+    except RecursionError:  # json's decoder recurses per level: a peer's "[[[[..." would be a traceback
+        raise ProtocolError(f"a JSON reply ({len(data)} bytes) nested too deeply") from None

@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Sequence
 
+from eval.console import tolerant_output
 from eval.report.markdown import _pct, _pct_rng
 from eval.report.summary import ReportError
 from eval.report.write import rebuild_report, write_report
@@ -46,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--allow-mixed-predicates", action="store_true",
                     help="report runs scored with different success predicate versions side by side "
                          "(refused by default: their numbers are not comparable)")
+    tolerant_output()  # model names and paths the locale cannot encode are printed, never a traceback
     args = ap.parse_args(argv)
     if args.n_boot < 1:
         ap.error("--n-boot must be >= 1")

@@ -7,7 +7,10 @@ are fractions in 0..1 (fields named ``rate``, ``diff``, ``ci``); n/a is ``None``
 Scoring is :mod:`eval.stats` (stratified bootstrap for groups, difficulty, S
 and M; Wilson per setup); the full-board setups (FB*) are reported on their
 own and never enter S or M.  A record needs only ``setup``, ``try`` and
-``success``; every other field is optional.
+``success``; every other field is optional, and every field it has is of the
+type :data:`eval.records.TRY_FIELDS` gives (checked by :func:`build_summary`).
+:data:`SUMMARY_CHECK` is what a ``summary.json`` holds, checked where one is
+read back (``eval.report --rebuild``, ``eval.site``).
 """
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ import numpy as np
 
 from env.predicate import VETO_FLAGS
 from eval.records import FLAG_NAMES  # noqa: F401 - the report lists every flag a record can hold
-from eval.records import HOST_TRAFFIC_FIELDS
+from eval.records import (BOOL, INT0, INT1, NUM, NUM0, OBJ, SCALAR, STR, HOST_TRAFFIC_FIELDS, TRY_REQUIRED, leaf,
+                          list_of, map_of, nullable, obj, problem_text, record_label, record_problem)
 from env.setups import DIFFICULTIES, FULL_BOARD_IDS, GROUPS, SCORED_IDS, SETUPS, difficulty_of, group_of
 from eval.stats import (
     ci_list,
@@ -33,10 +37,85 @@ from eval.stats import (
     wilson,
 )
 
-REQUIRED_FIELDS = ("setup", "try", "success")
+REQUIRED_FIELDS = TRY_REQUIRED
 N_WEAKEST = 3
 class ReportError(ValueError):
     """Bad input to the report (message is one line)."""
+
+
+# --------------------------------------------------------------------------
+# What summary.json holds (the one definition its readers check it against: eval.report --rebuild, eval.site)
+# --------------------------------------------------------------------------
+RATE = leaf(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1,
+            "a fraction 0..1")
+CI = nullable(leaf(lambda v: isinstance(v, list) and len(v) == 2 and all(x is None or RATE(x) is None for x in v),
+                   "[low, high] fractions 0..1 (or nulls)"))
+_META = leaf(lambda v: v is None or isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
+             "a string, a list of strings (records that disagree) or null")
+_PCT = nullable(obj({"p50": NUM0, "p99": NUM0}))
+_ENTRY = obj({"name": STR, "group": STR, "difficulty": STR, "k": INT0, "n": INT0, "rate": nullable(RATE), "ci": CI,
+              "flags": map_of(INT0), "no_flag_failures": INT0, "blocks_inserted_mean": nullable(NUM0),
+              "blocks_total": INT0}, ("name", "k", "n", "rate", "ci", "flags"))
+_AGG = obj({"rate": nullable(RATE), "ci": CI, "setups": list_of(STR)}, ("rate", "ci"))
+SUMMARY_CHECK = obj({
+    "model": STR, **{k: _META for k in ("track", "split", "arm", "tasklist_sha256", "backend", "weights_sha256")},
+    "note": _META, "machine": leaf(lambda v: v is None or isinstance(v, (str, dict, list)), "an object or null"),
+    "predicate": INT1, "vetoed": nullable(obj({"n": INT0, "flags": map_of(INT0)})),
+    "actions_clipped": nullable(obj({"tries": INT0, "actions": INT0})), "n_tries": INT0, "complete": BOOL,
+    "missing": list_of(STR), "S": nullable(RATE), "S_ci": CI, "M": nullable(RATE), "M_ci": CI,
+    "groups": map_of(_AGG), "difficulty": map_of(_AGG), "setups": map_of(_ENTRY), "full_board": map_of(_ENTRY),
+    "weakest": list_of(obj({"setup": STR, "name": STR, "k": INT0, "n": INT0, "rate": nullable(RATE),
+                            "flags": list_of(list_of(leaf(lambda v: isinstance(v, (str, int)), "a flag or count"))),
+                            "no_flag_failures": INT0})),
+    "secondary": obj({
+        "recovery": obj({"k": INT0, "n": INT0, "rate": nullable(RATE), "ci": CI}), "dropped": INT0,
+        "mean_completion_s": nullable(NUM0), "recovery_recorded": BOOL,
+        "latency_ms": nullable(map_of(nullable(NUM0))), "warmup_ms": nullable(map_of(NUM0)),
+        "step_ms": nullable(map_of(NUM))}, ("recovery", "latency_ms")),
+    "bootstrap": OBJ, "warnings": list_of(STR), "source": STR, "appearance": INT1,
+    "served": nullable(obj({"queries": INT0, "warmup_queries": INT0, "rtt_ms": _PCT, "server_ms": _PCT,
+                            "transport_ms": _PCT, "transport_share_of_rtt": nullable(RATE),
+                            "stale_ratio": nullable(RATE)}, ("queries", "rtt_ms", "server_ms", "transport_ms",
+                                                             "stale_ratio"))),
+    "host_traffic": obj({"tries": INT0, "bytes_per_query": NUM0, "ms_p50": nullable(NUM0)},
+                        ("tries", "bytes_per_query", "ms_p50")),
+    "device": nullable(map_of(SCALAR)),
+    "telemetry": nullable(obj({"available": BOOL, "source": nullable(STR), "reason": nullable(STR),
+                               "lines": list_of(STR), "detail": nullable(OBJ)})),
+    "profile": nullable(map_of(SCALAR)),
+    "run": nullable(obj({"planned": INT0, "wall_s_this_session": NUM0, "workers": INT1, "executor": STR,
+                         "num_envs": INT1, "sim": STR})),
+    "batch": nullable(obj({"num_envs": list_of(INT1), "sim": list_of(STR), "batched_queries": BOOL,
+                           "batches": INT0, "tries": INT0, "wall_s": NUM0, "tries_per_s": nullable(NUM0),
+                           "scene_steps_per_s": nullable(NUM0), "host_device_bytes_per_step": NUM0,
+                           "image_bytes_per_step": NUM0, "query_ms": nullable(map_of(NUM0))})),
+}, ("model", "n_tries", "complete", "S", "S_ci", "M", "groups", "difficulty", "setups", "secondary",
+    "full_board"))
+
+
+_DIFF = obj({"diff": nullable(leaf(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                                     and -1 <= v <= 1, "a difference -1..1")),
+              "ci": nullable(leaf(lambda v: isinstance(v, list) and len(v) == 2 and all(
+                  x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and -1 <= x <= 1) for x in v),
+                  "[low, high] differences -1..1 (or nulls)"))}, ("diff", "ci"))
+# the paired differences of a summary.json of several models ({"A - B": paired_summary(...)})
+PAIRED_CHECK = map_of(obj({"a": STR, "b": STR, "shared_tries": INT0, "only_a": INT0, "only_b": INT0,
+                           "complete": BOOL, "missing": list_of(STR), "S": nullable(_DIFF),
+                           "groups": nullable(map_of(_DIFF)), "note": nullable(STR)},
+                          ("a", "b", "shared_tries", "only_a", "only_b", "S", "groups", "note")))
+
+
+def summary_problem(summary: Any, top: str = "") -> str | None:
+    """What is wrong with a run's summary (as summary.json holds it), naming the field; None when every field
+    holds what the report and the results page read from it (:data:`SUMMARY_CHECK`)."""
+    bad = SUMMARY_CHECK(summary)
+    if bad is None:
+        for where, e in [(f"setups.{k}", e) for k, e in summary["setups"].items()] + \
+                        [(f"full_board.{k}", e) for k, e in summary["full_board"].items()]:
+            if e["k"] > e["n"]:
+                return problem_text((f".{where}.k", e["k"], f"at most n ({e['n']})"), top)
+        return None
+    return problem_text(bad, top)
 
 
 # --------------------------------------------------------------------------
@@ -111,17 +190,16 @@ def _flag_counts(records: Sequence[Mapping]) -> dict[str, int]:
 
 
 def _validate(records: Sequence[Any]) -> None:
+    """Every record's fields typed as :func:`eval.records.record_problem` defines them (the one definition; records
+    read from a file were checked by its reader already, records handed in by a caller are checked here), and
+    one record per (setup, try)."""
     for i, r in enumerate(records):
-        if not isinstance(r, Mapping):
-            raise ReportError(f"record {i + 1} is not an object")
-        for f in REQUIRED_FIELDS:
-            if f not in r:
-                raise ReportError(f"record {i + 1} lacks field '{f}' (setup={r.get('setup')!r}, try={r.get('try')!r})")
-        if str(r["setup"]) not in SETUPS:
-            raise ReportError(f"record {i + 1}: unknown setup {r['setup']!r}; valid: {', '.join(SETUPS)}")
-    seen: set[tuple[str, str]] = set()
+        problem = record_problem(r)
+        if problem is not None:
+            raise ReportError(f"record {i + 1} ({record_label(r)}): {problem}")
+    seen: set[tuple[str, int]] = set()
     for r in records:
-        key = (str(r["setup"]), _json_key(r["try"]))
+        key = (r["setup"], r["try"])
         if key in seen:
             raise ReportError(f"duplicate record for setup {r['setup']}, try {r['try']}")
         seen.add(key)
@@ -194,6 +272,10 @@ def build_summary(records: Iterable[Mapping], *, model: str | None = None,
     meta = {key: _common(records, key, warnings) for key in ("model", "track", "split", "arm", "machine",
                                                              "tasklist_sha256", "backend", "weights_sha256", "note",
                                                              "appearance")}
+    for key in ("split", "arm", "tasklist_sha256", "run_identity"):  # one run folder's records share these
+        if len({_json_key(r[key]) for r in records if r.get(key) is not None}) > 1:
+            raise ReportError(f"records of several runs (different '{key}': {_common(records, key, [])}); one tries "
+                              f"file = one run: move the other run's lines to their own file")
     name = model if model is not None else meta["model"]
     if isinstance(name, list):
         raise ReportError(f"records hold several models ({', '.join(map(str, name))}); one tries file = one model")
@@ -292,18 +374,11 @@ def host_traffic(records: Sequence[Mapping]) -> dict | None:
     """Host-to-device traffic per model query over the tries that record it (``h2d_bytes_per_query``,
     ``h2d_ms_p50``: :data:`eval.records.HOST_TRAFFIC_FIELDS`): ``bytes_per_query`` (mean over the queries,
     each try weighted by its timed queries, ``infer_ms``), ``ms_p50`` (median of the tries' medians; None where
-    no try timed its copies: ONNX Runtime on the CPU) and ``tries``; None when no record has it. A value that is
-    not a finite number >= 0 is a ReportError naming the record."""
+    no try timed its copies: ONNX Runtime on the CPU) and ``tries``; None when no record has it. The records'
+    values are finite numbers >= 0 (:func:`eval.records.record_problem`, checked by :func:`build_summary`)."""
     rows = []
     for r in records:
-        values = {}
-        for key in HOST_TRAFFIC_FIELDS:
-            v = r.get(key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or finite(v) is None
-                                  or float(v) < 0):
-                raise ReportError(f"record setup={r.get('setup')!r}, try={r.get('try')!r}: {key} is {v!r}, "
-                                  "expected a number >= 0")
-            values[key] = None if v is None else float(v)
+        values = {key: None if r.get(key) is None else float(r[key]) for key in HOST_TRAFFIC_FIELDS}
         if values["h2d_bytes_per_query"] is not None:
             n = len(r["infer_ms"]) if isinstance(r.get("infer_ms"), list) and r["infer_ms"] else 1
             rows.append((values["h2d_bytes_per_query"], values["h2d_ms_p50"], n))

@@ -38,17 +38,21 @@ from eval.report.summary import (
     build_summary,
     load_tries,
     paired_summary,
+    PAIRED_CHECK,
     predicate_of,
+    summary_problem,
 )
+from eval.records import problem_text
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` beside ``path`` and rename it into place: readers never see half a file. An OSError
-    (disk full, read-only) becomes a one-line ReportError."""
+    """Write ``text`` (UTF-8) beside ``path`` and rename it into place: readers never see half a file, and a
+    failed write leaves no partial file. An OSError (disk full, read-only) becomes a one-line ReportError."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.partial")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")  # two writers at once never share one
     try:
-        tmp.write_text(text, encoding="utf-8")
+        # surrogateescape: a name that came from a non-UTF-8 locale's argv or file name goes back as its bytes
+        tmp.write_text(text, encoding="utf-8", errors="surrogateescape")
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
@@ -140,9 +144,12 @@ def write_report(tries_paths: Sequence[str | Path], out_dir: str | Path, *, name
         summaries[n].update(extra or {})
         batches_file = p.parent / "batches.jsonl"
         if batches_file.exists():  # a --num-envs run: latency at batch N and throughput (eval.rollout)
-            from eval.records import read_tries
+            from eval.records import RecordsError, read_tries
 
-            summaries[n]["batch"] = batch_summary(read_tries(batches_file))
+            try:
+                summaries[n]["batch"] = batch_summary(read_tries(batches_file, kind="batch"))
+            except RecordsError as e:
+                raise ReportError(str(e)) from None
         sources[n] = str(p)
 
     paired: dict[str, dict] = {}
@@ -161,7 +168,7 @@ def write_report(tries_paths: Sequence[str | Path], out_dir: str | Path, *, name
 
     def data_files(stage) -> None:
         stage("summary.json").write_text(json.dumps(result, indent=1, allow_nan=False) + "\n", encoding="utf-8")
-        with open(stage("per_config.csv"), "w", newline="", encoding="utf-8") as f:
+        with open(stage("per_config.csv"), "w", newline="", encoding="utf-8", errors="surrogateescape") as f:
             w = csv.writer(f)
             w.writerow(["model", "setup", "name", "group", "difficulty", "k", "n", "rate", "wilson_low",
                         "wilson_high", "scored"])
@@ -190,6 +197,15 @@ def rebuild_report(out_dir: str | Path) -> dict:
         summaries, paired = {str(result["model"]): result}, {}
     else:
         raise ReportError(f"{sp}: not a benchmark report's summary (no setups, no models)")
+    for n, s in summaries.items():  # every number of REPORT.md comes from here: none may be of another type
+        problem = summary_problem(s, f"models.{n}" if "models" in result else "")
+        if problem is not None:
+            raise ReportError(f"{sp}: {problem} (a damaged summary): write the report again from the tries with "
+                              f"python -m eval.report --tries ... --out {out}")
+    bad = PAIRED_CHECK(paired)
+    if bad is not None:
+        raise ReportError(f"{sp}: {problem_text(bad, 'paired')} (a damaged summary): write the report again from "
+                          f"the tries with python -m eval.report --tries ... --out {out}")
     records, sources = {}, {}
     for n, s in summaries.items():
         src = Path(str(s.get("source") or out / "tries.jsonl"))
@@ -231,7 +247,8 @@ def _write_files(out: Path, summaries: Mapping[str, dict], paired: Mapping[str, 
                          {_label(n, s): _machine_name(s) for n, s in summaries.items()},
                          {_label(n, summaries[n]): w for n, w in warmup.items()})
         pictures = [n for n in staged if n.endswith(".png")]
-        stage("REPORT.md").write_text(render_markdown(summaries, paired, sources, pictures), encoding="utf-8")
+        stage("REPORT.md").write_text(render_markdown(summaries, paired, sources, pictures), encoding="utf-8",
+                                     errors="surrogateescape")
         for name, tmp in staged.items():
             os.replace(tmp, out / name)
         for name in ("latency.png", "groups.png"):  # an earlier report's picture would describe other tries

@@ -2,19 +2,20 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Sequence
 
+from eval.console import tolerant_output
 from eval.report.summary import ReportError
+from eval.report.write import write_text_atomic
 from eval.site.published import read_published
 from eval.site.render import render_page
 from eval.site.runs import SiteError, load_runs
 from eval.site.spec import SPEC_FILE, read_spec
 
 
-# the page's screenshots in docs/ (README.md shows them): file, window width and height in CSS pixels
+# the page's screenshots in docs/ (docs/results-page.md shows them): file, window width and height in CSS pixels
 SCREENSHOTS = (("results_page.png", 1400, 1800), ("results_page_500px.png", 500, 2200))
 
 
@@ -33,12 +34,10 @@ def build_site(run_dirs: Sequence[str | Path], out_dir: str | Path, *, spec: str
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        path = out / "index.html"
-        tmp = out / ".index.partial.html"
-        tmp.write_text(html, encoding="utf-8")
-        os.replace(tmp, path)
     except OSError as e:
         raise SiteError(f"{out}: cannot write the page ({e.strerror or e})") from None
+    path = out / "index.html"
+    write_text_atomic(path, html)  # a full disk leaves the previous page whole, and no partial file
     return path, notes
 
 
@@ -60,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          " and ".join(f"{w} px" for _, w, _ in SCREENSHOTS) + " (needs the package chromium)")
     ap.add_argument("--n-boot", type=int, default=5000, help="bootstrap redraws of the paired differences (5000)")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    tolerant_output()  # model names and paths the locale cannot encode are printed, never a traceback
     args = ap.parse_args(argv)
     if args.n_boot < 1:
         ap.error("--n-boot must be >= 1")

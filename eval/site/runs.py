@@ -24,7 +24,8 @@ from typing import Any, Mapping, Sequence
 from env.setups import DIFFICULTIES, GROUPS, SCORED_IDS
 from eval.report.ranking import (DEFAULT_ARM, LATENCY_ONLY, SCORE_SPLIT, default_weights_sha256,  # noqa: F401
                                  is_random_weights, run_status, tries_per_setup)
-from eval.report.summary import ReportError, load_tries
+from eval.report.summary import ReportError, load_tries, summary_problem
+from eval.run_folder import run_json_problem
 
 # the page's sections of runs, in the page's order, with their headings
 SECTIONS = {
@@ -78,12 +79,15 @@ class Run:
 # Loading
 # --------------------------------------------------------------------------
 def _read_json(path: Path) -> Any:
+    # what to do about a damaged file: a summary is written again from its tries, a run.json restored or set aside
+    fix = (f"rebuild it with python -m eval.report --tries {path.parent / 'tries.jsonl'} --out {path.parent}"
+           if path.name == "summary.json" else "restore it, or move it away to show the run without its settings")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise SiteError(f"{path}: cannot read ({e.strerror or e})") from None
     except (ValueError, UnicodeDecodeError) as e:
-        raise SiteError(f"{path}: not JSON ({' '.join(str(e).split())})") from None
+        raise SiteError(f"{path}: not JSON ({' '.join(str(e).split())}): {fix}") from None
 
 
 def _load_records(path: Path) -> list[dict]:
@@ -122,10 +126,16 @@ def load_run(folder: str | Path) -> Run:
     if missing:
         raise SiteError(f"{sp}: lacks {', '.join(missing)} (written by an older release? rebuild it with "
                         f"python -m eval.report --tries {folder / 'tries.jsonl'} --out {folder})")
+    problem = summary_problem(summary)
+    if problem is not None:  # every number of the page comes from here: none may be of another type
+        raise SiteError(f"{sp}: {problem} (a damaged summary): rebuild it with python -m eval.report --tries "
+                        f"{folder / 'tries.jsonl'} --out {folder}")
     rj = folder / "run.json"
     run_json = _read_json(rj) if rj.is_file() else None
-    if run_json is not None and not isinstance(run_json, dict):
-        raise SiteError(f"{rj}: not a JSON object")
+    problem = None if run_json is None else run_json_problem(run_json)
+    if problem is not None:
+        raise SiteError(f"{rj}: {problem} (a damaged run.json): restore it, or move it away to show the run "
+                        f"without its settings")
     tp = folder / "tries.jsonl"
     run = Run(folder=folder, summary=summary, run_json=run_json, tries_path=tp if tp.is_file() else None)
     if run.tries_path:
@@ -139,15 +149,12 @@ def find_runs(root: str | Path) -> tuple[list[Path], list[str]]:
     root = Path(root)
     found, skipped = [], []
     for sp in sorted(root.rglob("summary.json")):
-        try:
-            kind = _run_kind(json.loads(sp.read_text(encoding="utf-8")))
-        except (OSError, ValueError, UnicodeDecodeError):
-            kind = "unreadable"
+        # a damaged summary.json is an error, not a run quietly missing from the page
+        kind = _run_kind(_read_json(sp))
         if kind == "run":
             found.append(sp.parent)
         else:
-            why = {"comparison": "a comparison of several runs", "other": "not a benchmark run (no S and setups)",
-                   "unreadable": "summary.json not readable JSON"}[kind]
+            why = {"comparison": "a comparison of several runs", "other": "not a benchmark run (no S and setups)"}[kind]
             skipped.append(f"{sp.parent}: {why}")
     return found, skipped
 
