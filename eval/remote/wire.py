@@ -131,7 +131,8 @@ def peer_array(data: Any, dtype: Any, shape: Any, copy: bool) -> np.ndarray:
     if count * kind.itemsize != len(data):
         raise ProtocolError(f"array of shape {tuple(shape)} and dtype {kind.str} needs {count * kind.itemsize} "
                             f"bytes, the message holds {len(data)}")
-    array = np.frombuffer(bytes(data), dtype=kind).reshape(shape)
+    # bytes are immutable: a view over them is read-only; a bytearray is copied once, as ``copy`` asks anyway
+    array = np.frombuffer(data if isinstance(data, bytes) or copy else bytes(data), dtype=kind).reshape(shape)
     return array.copy() if copy else array
 
 
