@@ -19,6 +19,7 @@ default chunk of 4), which is the frozen track's worst case and the same work fo
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Sequence
@@ -35,13 +36,19 @@ RENDER_SHARE_TARGET = 0.20
 SHARES = ("render", "inference", "physics", "other")
 
 
+@functools.lru_cache(maxsize=1)
+def _tiny_engine():
+    """Quick mode's model, one for every row: its jitted functions (and ONNX export) are built once, not per row."""
+    from engines.octo.testing import tiny_octo
+
+    return tiny_octo(seed=1)
+
+
 def _policy_factory(backend: str, quick: bool):
     from eval.request import make_policy
 
     if quick:
-        from engines.octo.testing import tiny_octo
-
-        engine = tiny_octo(seed=1)
+        engine = _tiny_engine()
         return lambda: make_policy("octo-small", engine=engine, backend=backend)
     return lambda: make_policy("octo-small", random_weights=True, backend=backend)
 

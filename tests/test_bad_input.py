@@ -163,8 +163,12 @@ def test_a_damaged_record_in_the_middle_is_named_and_nothing_is_lost(tmp_path, o
     assert sorted(r["try"] for r in _records(out)) == [0, 1, 2]
 
 
-def test_two_runs_into_one_folder_at_once_one_is_refused(tmp_path):
+def test_two_runs_into_one_folder_at_once_one_is_refused(tmp_path, one_try_run):
     out = tmp_path / "run"
+    # the first run continues a copy of the shared one-try run (try 0 kept, try 1 run): it holds the lock while a
+    # scene runs, as a fresh run does, one try fewer; the copy leaves out the fixture's lock file, so that the wait
+    # below sees this run's
+    shutil.copytree(one_try_run, out, ignore=shutil.ignore_patterns(".writer.lock"))
     args = [sys.executable, "-m", "eval.run", "--model", "scripted", "--split", "dev", "--setups", "A01",
             "--tries", "2", "--out", str(out)]
     first = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -201,25 +205,31 @@ def test_a_killed_runs_lock_is_taken_over(tmp_path):
     assert sorted(r["try"] for r in _records(out)) == [0]
 
 
+def _wait_for_records(proc, out: Path, n: int) -> None:
+    """Until the running ``proc`` has appended ``n`` records to out/tries.jsonl."""
+    deadline = time.monotonic() + 300
+    while not (out / "tries.jsonl").exists() or len((out / "tries.jsonl").read_text().splitlines()) < n:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+
+
 def test_ctrl_c_gives_one_line_and_no_worker_tracebacks(tmp_path):
     out = tmp_path / "run"
-    # 4 tries on 2 workers: after the first record, tries are still running or waiting when Ctrl-C lands
+    # 3 tries on 2 workers, Ctrl-C at the second record: the third try is still running when it lands, and the
+    # rerun has one try left (one worker, one scene)
     proc = subprocess.Popen([sys.executable, "-m", "eval.run", "--model", "scripted", "--split", "dev", "--setups",
-                             "A01", "--tries", "4", "--workers", "2", "--out", str(out)], cwd=ROOT,
+                             "A01", "--tries", "3", "--workers", "2", "--out", str(out)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not (out / "tries.jsonl").exists() or not (out / "tries.jsonl").read_text().strip():
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.2)
+    _wait_for_records(proc, out, 2)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert "interrupted" in _error_line(subprocess.CompletedProcess([], 130, "", err))
     n = len(_records(out))
-    again = _run("--model", "scripted", "--split", "dev", "--setups", "A01", "--tries", "4", "--workers", "2",
+    again = _run("--model", "scripted", "--split", "dev", "--setups", "A01", "--tries", "3", "--workers", "2",
                  "--out", str(out))
-    assert again.returncode == 0 and n >= 1 and len(_records(out)) == 4
+    assert again.returncode == 0 and n >= 1 and len(_records(out)) == 3
 
 
 def test_a_policy_far_outside_the_controllers_range_is_clipped_and_counted(tmp_path):
@@ -399,14 +409,11 @@ def test_every_option_is_checked_before_the_run_folder_is_written(tmp_path, args
 
 def test_repeated_ctrl_c_stays_one_line_and_loses_nothing(tmp_path):
     out = tmp_path / "run"
-    args = ("--model", "scripted", "--split", "dev", "--setups", "A01", "--tries", "4", "--workers", "2",
-            "--out", str(out))
+    args = ("--model", "scripted", "--split", "dev", "--setups", "A01", "--tries", "3", "--workers", "2",
+            "--out", str(out))  # as in the test above: Ctrl-C at the second record, the third try still running
     proc = subprocess.Popen([sys.executable, "-m", "eval.run", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not (out / "tries.jsonl").exists() or not (out / "tries.jsonl").read_text().strip():
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.2)
+    _wait_for_records(proc, out, 2)
     for _ in range(3):  # three Ctrl-C within 0.4 s: the second and third land while the run closes its workers
         os.killpg(proc.pid, signal.SIGINT)
         time.sleep(0.13)
@@ -418,4 +425,4 @@ def test_repeated_ctrl_c_stays_one_line_and_loses_nothing(tmp_path):
     again = _run(*args)
     assert again.returncode == 0, again.stderr[-2000:]
     recs = _records(out)
-    assert recs[:len(kept)] == kept and sorted(r["try"] for r in recs) == list(range(4))
+    assert recs[:len(kept)] == kept and sorted(r["try"] for r in recs) == list(range(3))

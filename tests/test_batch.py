@@ -74,9 +74,19 @@ def test_gpu_request_without_cuda_names_the_reason():
 
 
 def test_run_cli_batched_resumes_and_reports(tmp_path):
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+
+    from engines.bc_mlp import DEFAULT_WEIGHTS
+    from eval.policies.bc_state import weights_sha256
+
+    # the shipped weights, copied to a file of the test's own: the same run is resumed (same weights), then
+    # refused once that file is retrained in place (below); one batched run serves both, no second run is built
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(DEFAULT_WEIGHTS.read_bytes())
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "eval.run", "--model", "bc-state", "--setups", "A01", "--tries", "3",
-           "--num-envs", "2", "--sim", "cpu", "--out", str(out)]
+    cmd = [sys.executable, "-m", "eval.run", "--model", "bc-state", "--checkpoint", str(weights), "--setups", "A01",
+           "--tries", "3", "--num-envs", "2", "--sim", "cpu", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(x) for x in (out / "tries.jsonl").read_text().splitlines()]
@@ -92,25 +102,14 @@ def test_run_cli_batched_resumes_and_reports(tmp_path):
     assert again.returncode == 0 and len((out / "tries.jsonl").read_text().splitlines()) == 3
 
     # the run names its weights; resuming it with other weights would mix two policies' tries
-    from safetensors import safe_open
-    from safetensors.numpy import load_file, save_file
-
-    from engines.bc_mlp import DEFAULT_WEIGHTS
-    from eval.policies.bc_state import weights_sha256
-
     sha = weights_sha256()
     assert json.loads((out / "run.json").read_text())["weights_sha256"] == sha
     assert {r["weights_sha256"] for r in records} == {sha}
     assert f"Weights (bc-state): sha256 {sha}" in (out / "REPORT.md").read_text()
-    weights = tmp_path / "w.safetensors"
-    weights.write_bytes(DEFAULT_WEIGHTS.read_bytes())
-    cmd_w = [sys.executable, "-m", "eval.run", "--model", "bc-state", "--setups", "A01", "--tries", "1",
-             "--checkpoint", str(weights), "--out", str(tmp_path / "run_w")]
-    assert subprocess.run(cmd_w, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600).returncode == 0
     with safe_open(str(DEFAULT_WEIGHTS), "np") as f:  # retrained in place: the same path, other bytes
         meta = dict(f.metadata(), note="retrained")
     save_file(load_file(str(DEFAULT_WEIGHTS)), str(weights), metadata=meta)
-    mixed = subprocess.run(cmd_w, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    mixed = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert mixed.returncode != 0 and "weights_sha256" in mixed.stderr and "checkpoint" not in mixed.stderr
     assert len(mixed.stderr.strip().splitlines()) == 1
 

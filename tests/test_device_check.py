@@ -2,6 +2,7 @@
 run, and the output folder gets at most 8 files (the device tool returns no more). Dry runs on the CPU, a few
 steps each; the full dry run is `bash benchmarks/device_check.sh --dry-run`."""
 
+import contextlib
 import json
 import os
 import re
@@ -225,12 +226,43 @@ def test_missing_modules_skip_a_step_with_the_reason():
     assert "no_such_module_here" in dc.missing_reason(step.missing(True))
 
 
-def assert_octo_step_compiles_once_and_checks_parity_at_highest(tmp_path: Path, python: str = sys.executable):
-    """The dry run's jax-octo-small step under ``python``: batches 1, 8 and 64 each compiled once per matmul
-    precision, and within tolerance of CPU JAX at "highest"."""
+def jax_cache_env(cache: Path) -> dict[str, str]:
+    """JAX's persistent compilation cache in ``cache``, for every executable however quick to compile: a process
+    that compiles what another has compiled reads the executable instead (the tiny Octo's compiles are most of a
+    jax-octo-small step's time). The jit cache the step counts compiles by still gets one entry per executable."""
+    return {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+
+
+@contextlib.contextmanager
+def jax_compilation_cache(cache: Path):
+    """jax_cache_env in this process, for the duration (the cache is set up once per process: reset around)."""
+    jax = pytest.importorskip("jax")
+    from jax.experimental.compilation_cache import compilation_cache
+
+    names = {"JAX_COMPILATION_CACHE_DIR": "jax_compilation_cache_dir",
+             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "jax_persistent_cache_min_compile_time_secs"}
+    before = {name: getattr(jax.config, name) for name in names.values()}
+    try:
+        for var, value in jax_cache_env(cache).items():
+            jax.config.update(names[var], value if var == "JAX_COMPILATION_CACHE_DIR" else float(value))
+        compilation_cache.reset_cache()
+        yield
+    finally:
+        for name, value in before.items():
+            jax.config.update(name, value)
+        compilation_cache.reset_cache()
+
+
+def run_octo_step(tmp_path: Path, python: str = sys.executable, env: dict | None = None) -> None:
+    """The dry run's jax-octo-small step under ``python``, by the real command line, into ``tmp_path``/out."""
     proc = subprocess.run([python, *check_cmd(tmp_path, "--steps", "jax-octo-small")[1:]], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def assert_octo_step_compiles_once_and_checks_parity_at_highest(tmp_path: Path):
+    """The jax-octo-small step run into ``tmp_path`` (run_octo_step): batches 1, 8 and 64 each compiled once per
+    matmul precision, and within tolerance of CPU JAX at "highest"."""
     (step,) = steps_in(tmp_path / "out")
     ref, *rows = step["rows"]
     assert ref["kind"] == "reference" and ref["matmul_precision"] == dc.PARITY_PRECISION == "highest"
@@ -242,10 +274,21 @@ def assert_octo_step_compiles_once_and_checks_parity_at_highest(tmp_path: Path, 
         assert r["timed_at"].startswith("default matmul precision")
 
 
-@pytest.mark.slow
-def test_octo_compiles_each_shape_once_and_checks_parity_at_highest_for_every_batch(tmp_path):
+@pytest.fixture(scope="module")
+def octo_step(tmp_path_factory) -> tuple[Path, Path]:
+    """The dry run's jax-octo-small step, run once for the module with JAX's compilation cache in a folder of its
+    own: its folder (test_octo_compiles... reads the record) and the cache (the in-process step of
+    test_a_second_compile... compiles the same executables and reads them from there)."""
     pytest.importorskip("jax")
-    assert_octo_step_compiles_once_and_checks_parity_at_highest(tmp_path)
+    tmp = tmp_path_factory.mktemp("octo_step")
+    cache = tmp / "jax-cache"
+    run_octo_step(tmp, env={**os.environ, **jax_cache_env(cache)})
+    return tmp, cache
+
+
+@pytest.mark.slow
+def test_octo_compiles_each_shape_once_and_checks_parity_at_highest_for_every_batch(octo_step):
+    assert_octo_step_compiles_once_and_checks_parity_at_highest(octo_step[0])
 
 
 @pytest.mark.slow
@@ -263,11 +306,12 @@ def test_engines_and_the_octo_step_under_the_newest_jax_for_python_312(tmp_path)
     assert proc.returncode == 0, proc.stderr
     major, minor, jax_version = proc.stdout.split()
     assert (major, minor) == ("3", "12"), f"{python} is Python {major}.{minor} (JAX {jax_version}), not 3.12"
-    assert_octo_step_compiles_once_and_checks_parity_at_highest(tmp_path, python)
+    run_octo_step(tmp_path, python)
+    assert_octo_step_compiles_once_and_checks_parity_at_highest(tmp_path)
 
 
 @pytest.mark.slow
-def test_a_second_compile_of_a_shape_fails_the_octo_row(tmp_path, monkeypatch):
+def test_a_second_compile_of_a_shape_fails_the_octo_row(tmp_path, monkeypatch, octo_step):
     """Inputs put on the device committed (jax.device_put(x, device)) compile every batch size again: the step's
     count of the jit cache sees it."""
     jax = pytest.importorskip("jax")
@@ -275,7 +319,8 @@ def test_a_second_compile_of_a_shape_fails_the_octo_row(tmp_path, monkeypatch):
     uncommitted = jax.device_put
     monkeypatch.setattr(jax, "device_put", lambda x, device=None, **kw: uncommitted(x, device or cpu, **kw))
     rows_path = tmp_path / "rows.jsonl"
-    assert dc.run_step_process("jax-octo-small", True, tmp_path, rows_path) == 0
+    with jax_compilation_cache(octo_step[1]):  # the executables octo_step compiled: read, not compiled again
+        assert dc.run_step_process("jax-octo-small", True, tmp_path, rows_path) == 0
     rows = [r for r in dc.read_json_lines(rows_path) if "batch" in r and r.get("kind") != "reference"]
     assert [r["batch"] for r in rows] == [1, 8, 64]
     for r in rows:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,34 @@ def repos(tmp_path_factory) -> dict[str, StubRepo]:
 def hub(repos):
     with StubHub(repos) as h:
         yield h
+
+
+@pytest.fixture(scope="module", autouse=True)
+def jax_compilation_cache(tmp_path_factory):
+    """JAX's persistent compilation cache for the module's subprocesses (they copy this environment): the tiny
+    Octo and T5 that eval.orin and a load with predict compile are compiled once and read by the next process.
+    Only compile time is saved: what is fetched, cached, recorded or refused is not JAX's business."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path_factory.mktemp("jax-cache")))
+        mp.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # the tiny models compile in under 1 s
+        yield
+
+
+@pytest.fixture(scope="module")
+def cached(repos, tmp_path_factory) -> tuple[Path, dict]:
+    """An HF_HOME holding the tiny repo as a load from the Hub left it, and that load's weights: made once for the
+    tests that start from a cache (the Hub down, a damaged file); each works on its own copy (with_cache)."""
+    home = tmp_path_factory.mktemp("cached")
+    with StubHub(repos) as h:
+        weights = _weights(_load(home, h.url))
+    return home / "hf", weights
+
+
+def with_cache(cached: tuple[Path, dict], tmp_path: Path) -> dict:
+    """``cached``'s HF_HOME copied to where _env puts it for ``tmp_path`` (snapshots stay relative links to their
+    blobs); the weights its load reported."""
+    shutil.copytree(cached[0], tmp_path / "hf", symlinks=True)
+    return cached[1]
 
 
 def _env(tmp_path: Path, endpoint: str, offline: bool = False) -> dict:
@@ -189,8 +218,8 @@ def test_hub_down_and_no_cache_is_one_line_naming_repo_files_cache_and_flag(tmp_
 
 
 @pytest.mark.slow
-def test_hub_down_with_a_cache_runs_from_it_and_says_so(tmp_path, hub):
-    first = _weights(_load(tmp_path, hub.url))
+def test_hub_down_with_a_cache_runs_from_it_and_says_so(tmp_path, cached):
+    first = with_cache(cached, tmp_path)  # what a load from the Hub cached and reported
     with StubHub({}) as h:
         down = h.url
     proc = _load(tmp_path, down)
@@ -200,8 +229,8 @@ def test_hub_down_with_a_cache_runs_from_it_and_says_so(tmp_path, hub):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["300000/default/checkpoint", "config.json"])  # an LFS file, a git one
-def test_a_damaged_cached_file_is_refused_in_one_line(tmp_path, hub, name):
-    _weights(_load(tmp_path, hub.url))
+def test_a_damaged_cached_file_is_refused_in_one_line(tmp_path, hub, cached, name):
+    with_cache(cached, tmp_path)  # as a load from the Hub left it
     blob = _blob(tmp_path, REPO, COMMIT, name)
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte, as a bad disk leaves it

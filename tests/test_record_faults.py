@@ -14,11 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from env.setups import SCORED_IDS
-from eval.policies.base import Policy
+from eval.policies.scripted import ScriptedPolicy
 from eval.records import TryRecord
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,13 +60,25 @@ def _write(path: Path, records, raw_lines=()) -> Path:
     return path
 
 
+NAME_PATH = "r\u00e9sum\u00e9\u2013run"  # a run folder's name that an ASCII locale cannot print
+
+
 @pytest.fixture(scope="module")
-def random_run(tmp_path_factory) -> Path:
-    """A finished one-try run of the random policy (the cheapest real run), copied by the tests that damage it."""
-    out = tmp_path_factory.mktemp("random") / "run"
-    proc = _py("eval.run", "--model", "random", *ONE_TRY, "--out", out)
+def random_run_proc(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A finished one-try run of the random policy (a failed try), copied by the tests that damage it, and its
+    process. One real run serves two purposes (a scene run costs ~10 s of CPU): it is made as
+    test_run_prints_a_path_its_locale_cannot_encode needs its first run, in a folder named NAME_PATH with an
+    ASCII stdout/stderr (PYTHONIOENCODING only: the files it writes are the same), and that test checks what it
+    printed; the other tests read or copy the folder."""
+    out = tmp_path_factory.mktemp("random") / NAME_PATH
+    proc = _py("eval.run", "--model", "random", *ONE_TRY, "--out", out, env=LOCALES["ascii"])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
+    return out, proc
+
+
+@pytest.fixture(scope="module")
+def random_run(random_run_proc) -> Path:
+    return random_run_proc[0]
 
 
 def _copy(run: Path, tmp_path: Path, name="run") -> Path:
@@ -150,18 +161,12 @@ def test_records_of_another_task_list_in_one_file_are_refused(tmp_path):
     assert str(tries) in msg and "several runs" in msg and "tasklist_sha256" in msg, msg
 
 
-class BadFieldPolicy(Policy):
-    """Holds still and adds a field of the wrong type to its record (loaded as
-    ``--model tests.test_record_faults:BadFieldPolicy``)."""
+class BadFieldPolicy(ScriptedPolicy):
+    """The scripted reference (its try ends at its success, ~130 steps, where one that holds still runs all 300)
+    that adds a field of the wrong type to its record (``--model tests.test_record_faults:BadFieldPolicy``)."""
 
     name = "bad-field-test"
     track = "sanity"
-
-    def reset(self, instruction, seed=None):
-        pass
-
-    def act(self, observation):
-        return np.array([0, 0, 0, 0, 0, 0, 1], dtype=np.float32)
 
     def record_fields(self):
         return {**super().record_fields(), "stale_ratio": float("nan")}
@@ -299,12 +304,13 @@ def test_report_and_page_print_under_any_locale_and_write_utf8(tmp_path, locale)
     assert NAME in (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
 
 
-def test_run_prints_a_path_its_locale_cannot_encode(tmp_path):
-    out = tmp_path / "r\u00e9sum\u00e9\u2013run"
-    first = _py("eval.run", "--model", "hold", *ONE_TRY, "--out", out, env=LOCALES["ascii"])
+def test_run_prints_a_path_its_locale_cannot_encode(tmp_path, random_run_proc):
+    run, first = random_run_proc  # the fresh run, into NAME_PATH, with an ASCII stdout/stderr (the fixture)
+    assert run.name == NAME_PATH and first.args[first.args.index("--out") + 1] == str(run)
     assert first.returncode == 0 and "Traceback" not in first.stderr, first.stderr[-2000:]
     assert "report in" in first.stdout
-    again = _py("eval.run", "--model", "hold", *ONE_TRY, "--out", out, env=LOCALES["C"])  # resumes: prints again
+    out = _copy(run, tmp_path, NAME_PATH)  # the shared folder stays as it was
+    again = _py("eval.run", "--model", "random", *ONE_TRY, "--out", out, env=LOCALES["C"])  # resumes: prints again
     assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr[-2000:]
     assert "report in" in again.stdout and (out / "REPORT.md").is_file()
 

@@ -8,6 +8,7 @@ faults are one line; a server does not open itself to other machines by accident
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.server
 import json
 import math
@@ -60,6 +61,7 @@ def _local_and_remote(setup_id, tries, local_factory, remote_factory, cameras, m
     return local, remote, batch, members
 
 
+@functools.lru_cache(maxsize=None)  # a scene built once for the module's tests that only read its start
 def _bc_obs(seed=0):
     from env import make_env
 
@@ -187,20 +189,21 @@ class _OpenpiTestServer:
     ``server_timing``; a policy that raises gets the traceback as a text frame and the connection closed;
     ``GET /healthz`` answers OK. ``policy(obs) -> dict`` stands in for openpi's policy (its output transforms
     applied). ``mode`` for the faults: "sleep" (never answers), "slow" (120 ms a reply), "garbage-hello",
-    "garbage"."""
+    "garbage". ``meta``: the metadata it sends first (openpi's server sends its policy's)."""
 
-    def __init__(self, policy=None, mode="ok", chunk=50):
+    def __init__(self, policy=None, mode="ok", chunk=50, meta=None):
         from openpi_client import msgpack_numpy
         from websockets.sync.server import serve
 
         self.seen, self.mode, self.stop = [], mode, threading.Event()
         policy = policy or _libero_stand_in(chunk)
+        meta = meta or {"policy": "stand-in"}
 
         def handler(conn):
             if mode == "garbage-hello":
                 conn.send(b"\xc1\xc1 not msgpack")
                 return
-            conn.send(msgpack_numpy.Packer().pack({"policy": "stand-in"}))
+            conn.send(msgpack_numpy.Packer().pack(meta))
             for message in conn:
                 obs = msgpack_numpy.unpackb(message)
                 self.seen.append(obs)
@@ -921,12 +924,17 @@ def test_server_killed_mid_run_is_one_line_naming_the_url():
 
 
 def test_a_server_that_sleeps_is_flagged_policy_hang(tmp_path):
+    """The real command line against a server that never answers a query: the watchdog flags the try. The
+    server says it is eval.serve serving bc-state, so that the run builds a state scene (a camera scene's
+    renderer costs several CPU seconds and this test checks nothing about images)."""
     pytest.importorskip("openpi_client")
-    server = _OpenpiTestServer(mode="sleep")
+    meta = {"server": "eval.serve", "model": "bc-state", "protocol": "openpi", "backend": "ort", "observes": "state",
+            "track": "adapted"}  # eval.serve's metadata (eval.serve.ServedModel.metadata)
+    server = _OpenpiTestServer(mode="sleep", meta=meta)
     out = tmp_path / "run"
     try:
         r = subprocess.run([sys.executable, "-m", "eval.run", "--model", "remote", "--server", server.url,
-                            "--profile", "pi0-libero", "--setups", "A01", "--tries", "1", "--step-timeout", "2",
+                            "--profile", "bc-state", "--setups", "A01", "--tries", "1", "--step-timeout", "2",
                             "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     finally:
         server.close()

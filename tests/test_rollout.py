@@ -151,11 +151,25 @@ def test_video_is_a_playable_mp4_of_the_try(tmp_path):
 
 @pytest.mark.slow
 def test_octo_runs_batched_end_to_end(tmp_path):
+    """eval.run --num-envs 2 on Octo through the real command line: one batched query per chunk. The tiny Octo in
+    the released layout (``--model octo --checkpoint``, its t5 tokenizer beside it) stands in for octo-small:
+    the batching is the same code, and a query costs milliseconds instead of half a second."""
     pytest.importorskip("jax")
+    pytest.importorskip("sentencepiece", reason="the tiny t5 tokenizer is trained with sentencepiece")
+    import os
+
+    from engines.octo import checkpoint as ckpt
+    from engines.octo.params import init_params
+    from engines.octo.testing import tiny_config, tiny_statistics, train_spiece
+
+    cfg = tiny_config()
+    checkpoint = ckpt.save(tmp_path / "octo-tiny", cfg, init_params(cfg, seed=2), tiny_statistics())
+    train_spiece(checkpoint / "t5-base")
     out = tmp_path / "octo"
-    cmd = [sys.executable, "-m", "eval.run", "--model", "octo-small", "--random-weights", "--setups", "A01",
+    cmd = [sys.executable, "-m", "eval.run", "--model", "octo", "--checkpoint", str(checkpoint), "--setups", "A01",
            "--tries", "2", "--num-envs", "2", "--sim", "cpu", "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200,
+                          env=dict(os.environ, OCTO_T5_TOKENIZER=str(checkpoint / "t5-base")))
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(x) for x in (out / "tries.jsonl").read_text().splitlines()]
     assert sorted(r["try"] for r in records) == [0, 1] and all(r["num_envs"] == 2 for r in records)

@@ -142,8 +142,8 @@ class WorkerPool:
                 w["proc"].join()
                 del self.workers[wid]
                 yield job, BatchResult([hang_record(j, flag) for j in job.tries()])
-                new = self._start_worker()
-                self._feed(new, pending)
+                if pending:  # a replacement only where a try waits for it (a worker's start-up is seconds of CPU)
+                    self._feed(self._start_worker(), pending)
 
     def close(self) -> None:
         for w in self.workers.values():

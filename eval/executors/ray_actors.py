@@ -210,7 +210,8 @@ class RayPool:
                             yield job, failed(job, "actor_died")
                     else:
                         pending.appendleft(job)  # retried first, on the fresh actor
-                    self._feed(self._start_actor(), pending)
+                    if pending:  # a fresh actor only where a try waits for it (an idle one is a worker's start-up)
+                        self._feed(self._start_actor(), pending)
                     continue
                 if kind == "error":
                     self.close()
@@ -259,7 +260,8 @@ class RayPool:
                 job = a["job"]
                 self._kill(aid)
                 hung.append((job, HANG_FLAGS[a.get("stage", "sim")] if stepping_hung else "sim_hang"))
-                self._feed(self._start_actor(), pending)
+                if pending:
+                    self._feed(self._start_actor(), pending)
         return hung
 
     def close(self) -> None:

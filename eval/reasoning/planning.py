@@ -305,9 +305,12 @@ def draw_distractors(dom, steps, target, rng, kinds=DISTRACTOR_KINDS, avoid=()):
         order.sort(key=lambda k: sum(1 for _, kk in out if kk == k))  # least used kind first
         for kind in order + list(FALLBACK_KINDS):
             st = distractor(dom, kind, set(prev), move, set(target), rng)
-            if st is None or valid_toward(dom, st, target) or S.canonical(st) in seen:
+            if st is None or valid_toward(dom, st, target):
                 continue
-            seen.add(S.canonical(st))
+            key = S.canonical(st)
+            if key in seen:
+                continue
+            seen.add(key)
             out.append((st, kind))
             break
         else:

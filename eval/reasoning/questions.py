@@ -317,15 +317,17 @@ def q_multiview(rng, index):
         if len(entries) == 4:
             break
         d = _changed(rng, st, str(kind))
-        if d is not None and S.canonical(S.round_state(d)) not in seen:
-            seen.add(S.canonical(S.round_state(d)))
+        key = None if d is None else S.canonical(S.round_state(d))
+        if key is not None and key not in seen:
+            seen.add(key)
             entries.append((d, False))
     for attempt in range(200):  # scenes with no free table block: other colour swaps
         if len(entries) == 4:
             break
         d = _changed(rng, st, ("recolor", "move")[attempt % 2])
-        if d is not None and S.canonical(S.round_state(d)) not in seen:
-            seen.add(S.canonical(S.round_state(d)))
+        key = None if d is None else S.canonical(S.round_state(d))
+        if key is not None and key not in seen:
+            seen.add(key)
             entries.append((d, False))
     labels, states, answer = _arrange(rng, entries[0][0], [e[0] for e in entries[1:]], index % len(entries))
     images = [_img("Image 1", "reference", st, ref_cam)] + [_img(lab, "candidate", s, cand_cam) for lab, s in zip(labels, states)]
@@ -576,8 +578,9 @@ def q_dependency(rng, index):
         for _kind, parts in (pool[int(j)] for j in rng.permutation(len(pool))):
             if len(entries) == 4:
                 break
-            if S.canonical(part_key(parts)) not in seen:
-                seen.add(S.canonical(part_key(parts)))
+            key = S.canonical(part_key(parts))
+            if key not in seen:
+                seen.add(key)
                 entries.append((parts, False))
         if len(entries) == 4:
             break
