@@ -7,6 +7,7 @@ import time
 import numpy as np
 
 from eval.policies.base import Policy
+from eval.policies.scripted import ScriptedPolicy
 
 
 class NaNPolicy(Policy):
@@ -125,20 +126,19 @@ class AlwaysLosesConnection(LosesConnectionOnce):
         self.first = True
 
 
-class TorchThreadsPolicy(Policy):
-    """Writes the torch thread count its worker runs with (to ``$SAB_TEST_TORCH_THREADS_OUT``) at each reset; holds
-    the arm still."""
+class TorchThreadsPolicy(ScriptedPolicy):
+    """Writes the torch thread count its worker runs with (to ``$SAB_TEST_TORCH_THREADS_OUT``) once per try, when
+    the rollout hands it the try's start; drives the arm as the scripted reference does, so that an A01 try ends
+    once the block is in (about 130 steps) instead of running all 300."""
 
     name = "torch-threads-test"
     track = "sanity"
 
-    def reset(self, instruction, seed=None):
+    def set_start(self, start):
         import os
 
         import torch
 
         with open(os.environ["SAB_TEST_TORCH_THREADS_OUT"], "a") as f:
             f.write(f"{torch.get_num_threads()}\n")
-
-    def act(self, observation):
-        return np.zeros(7, dtype=np.float32)
+        super().set_start(start)

@@ -12,9 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from eval.policies.scripted import ScriptedPolicy
-from tests.fault_policies import TorchThreadsPolicy
-
 pytestmark = pytest.mark.sim  # builds ManiSkill scenes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,25 +82,6 @@ def test_watchdog_flags_a_hung_policy_or_simulator_and_the_run_goes_on(tmp_path,
     assert f"2 tries did not finish ({flag} 2)" in last, proc.stdout
 
 
-class ScriptedTorchThreadsPolicy(ScriptedPolicy):
-    """TorchThreadsPolicy's probe (the worker's torch thread count, written at each reset) on the scripted
-    reference: its A01 tries end once the block is in (about 130 steps), where holding still runs all 300 steps
-    of each try. Loaded by the workers as ``tests.test_run_harness:ScriptedTorchThreadsPolicy``."""
-
-    name = TorchThreadsPolicy.name
-    track = TorchThreadsPolicy.track
-
-    def __init__(self):
-        self.built = False
-        super().__init__()  # ScriptedPolicy's constructor resets it: not a try's reset, nothing written
-        self.built = True
-
-    def reset(self, instruction, seed=None):
-        if self.built:
-            TorchThreadsPolicy.reset(self, instruction, seed)
-        super().reset(instruction, seed)
-
-
 THREADS_ENV = {"OMP_NUM_THREADS": "2"}  # two threads torch's default here, whatever the machine's core count
 
 
@@ -122,7 +100,7 @@ def test_workers_run_torch_on_one_thread_where_torch_would_take_two(tmp_path, wo
     # makes two torch's default here whatever the machine's core count, so one thread is the worker's doing
     seen = tmp_path / "threads.txt"
     env = {**os.environ, **THREADS_ENV, "SAB_TEST_TORCH_THREADS_OUT": str(seen)}
-    proc = subprocess.run(_cmd("--model", "tests.test_run_harness:ScriptedTorchThreadsPolicy", "--setups", "A01",
+    proc = subprocess.run(_cmd("--model", "tests.fault_policies:TorchThreadsPolicy", "--setups", "A01",
                                "--tries", workers, "--workers", workers, "--out", str(tmp_path / "run")),
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

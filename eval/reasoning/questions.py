@@ -317,16 +317,20 @@ def q_multiview(rng, index):
         if len(entries) == 4:
             break
         d = _changed(rng, st, str(kind))
-        key = None if d is None else S.canonical(S.round_state(d))
-        if key is not None and key not in seen:
+        if d is None:
+            continue
+        key = S.canonical(S.round_state(d))
+        if key not in seen:
             seen.add(key)
             entries.append((d, False))
     for attempt in range(200):  # scenes with no free table block: other colour swaps
         if len(entries) == 4:
             break
         d = _changed(rng, st, ("recolor", "move")[attempt % 2])
-        key = None if d is None else S.canonical(S.round_state(d))
-        if key is not None and key not in seen:
+        if d is None:
+            continue
+        key = S.canonical(S.round_state(d))
+        if key not in seen:
             seen.add(key)
             entries.append((d, False))
     labels, states, answer = _arrange(rng, entries[0][0], [e[0] for e in entries[1:]], index % len(entries))
