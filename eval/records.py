@@ -98,6 +98,9 @@ class TryRecord:
     precision: str | None = None  # of the model's runtime (None: runs in Python)
     profile: str | None = None  # a served model's profile (eval.remote.profiles)
     appearance: int | None = None  # the appearance version of a camera model's frames (env.appearance)
+    # the run's cap on a try's control steps (eval.run --max-steps: a smoke run, success meaningless); None: the
+    # setup's own
+    max_steps: int | None = None
     weights: dict | None = None  # the released files the model loaded: repo, commit, each file's sha256
     policy_fields: dict[str, Any] = field(default_factory=dict)  # what the policy adds (Policy.record_fields)
 
@@ -145,10 +148,15 @@ class TryRecord:
             d.update(self.policy_fields)
         if self.num_envs > 1:
             d["num_envs"] = self.num_envs
-        for key in ("model", "track", "arm", "precision", "profile", "weights", "appearance"):
+        for key in ("model", "track", "arm", "precision", "profile", "weights", "appearance", "max_steps"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
         return d
+
+
+def max_steps_label(max_steps: int) -> str:
+    """What a run with ``--max-steps`` is, wherever it is shown (the run's last line, REPORT.md, the results page)."""
+    return f"tries cut at {max_steps} control steps (--max-steps): a smoke run, success meaningless"
 
 
 class RecordsError(ValueError):
@@ -288,6 +296,7 @@ TRY_FIELDS: dict[str, Check] = {
     "note": nullable(STR), "wall_s": NUM0, "step_ms": map_of(NUM), "num_envs": INT1,
     "model": nullable(STR), "track": nullable(STR), "arm": nullable(STR), "precision": nullable(STR),
     "profile": nullable(STR), "appearance": nullable(INT1), "weights": nullable(OBJ), "run_identity": STR,
+    "max_steps": nullable(INT1),
     # what policies add that reports read (eval.remote.client, eval.policies.octo)
     "remote_ms": map_of(MS), "remote_warmup_ms": map_of(MS), "protocol": nullable(STR), "stale_steps": INT0,
     "stale_ratio": NUM0, "goal_image": nullable(STR), "goal_sha256": nullable(STR),

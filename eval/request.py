@@ -598,6 +598,7 @@ class RunRequest:
     sim: str = "cpu"
     num_envs: int = 1
     replay_latency: str | None = None  # a measured latency profile (absolute path) every action is delayed by
+    max_steps: int | None = None  # a smoke run: every try cut at this many control steps (None: the setup's own)
 
     def __post_init__(self):
         # checked here, once, before any scene is built: a worker builds num_envs scenes whatever it is given
@@ -609,6 +610,9 @@ class RunRequest:
             raise ValueError(f"--num-envs {self.num_envs} is more than the {self.tries} tries per setup this run "
                              f"asks for (a batch holds tries of one setup): the largest useful value is "
                              f"--num-envs {self.tries}")
+        if self.max_steps is not None and (isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int)
+                                           or self.max_steps < 1):
+            raise ValueError(f"--max-steps must be at least 1 (control steps per try), got {self.max_steps}")
 
     @property
     def track(self) -> str:
@@ -619,8 +623,9 @@ class RunRequest:
         return self.model.config.observes
 
     def identity(self) -> dict[str, Any]:
-        """What every try record carries of the run: model, track, arm, backend, precision, profile, and the
-        released files the model loaded (``weights``: repo, commit, each file's sha256)."""
+        """What every try record carries of the run: model, track, arm, backend, precision, profile, the
+        released files the model loaded (``weights``: repo, commit, each file's sha256), and a smoke run's
+        ``max_steps``."""
         out = {"model": self.model.name, "track": self.track, "arm": self.arm, "backend": self.model.backend}
         if self.model.precision is not None:
             out["precision"] = self.model.precision
@@ -633,6 +638,8 @@ class RunRequest:
         weights = self.model.config.weights()
         if weights is not None:
             out["weights"] = weights
+        if self.max_steps is not None:  # tries cut short: their records say so wherever they are read
+            out["max_steps"] = self.max_steps
         return out
 
     def options(self) -> dict[str, Any]:
@@ -640,6 +647,8 @@ class RunRequest:
         out = self.model.config.options()
         if self.replay_latency:
             out["replay_latency"] = self.replay_latency
+        if self.max_steps is not None:
+            out["max_steps"] = self.max_steps
         return out
 
     def policy(self, setup: Setup, **build) -> Policy:

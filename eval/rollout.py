@@ -403,8 +403,8 @@ def run_try(scenes: Scenes, policy: Policy, split: str, try_index: int, tasklist
 
 def labelled(records: Sequence[TryRecord], identity: dict[str, Any]) -> list[TryRecord]:
     """The records with the run's identity (:meth:`eval.request.RunRequest.identity`: model, track, arm,
-    precision, profile, weights, appearance; the backend is the one each policy ran on, as the rollout
-    recorded it)."""
-    fields = ("model", "track", "arm", "precision", "profile", "weights", "appearance")
+    precision, profile, weights, appearance, max_steps; the backend is the one each policy ran on, as the
+    rollout recorded it)."""
+    fields = ("model", "track", "arm", "precision", "profile", "weights", "appearance", "max_steps")
     keep = {k: v for k, v in identity.items() if k in fields}
     return [replace(r, **keep) for r in records]

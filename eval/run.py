@@ -26,7 +26,7 @@ from env.arms import ARMS, UnknownArmError
 from env.setups import UnknownSetupError
 from env.starts import SPLITS
 from eval.executors import EXECUTORS
-from eval.records import UNFINISHED_FLAGS, RecordsError
+from eval.records import UNFINISHED_FLAGS, RecordsError, max_steps_label
 from eval.request import MODEL_CONFIGS, RunRequest, UnknownModelError, add_model_arguments
 
 EXIT_HUNG = 3  # the run finished, but some tries were stopped by the watchdog or lost with their actor
@@ -63,6 +63,9 @@ def build_parser(prog: str = "python -m eval.run", description: str | None = Non
     add_model_arguments(p)
     p.add_argument("--replay-latency", metavar="FILE", help="any model: delay every action by a latency drawn from "
                    "a measured profile (a tries.jsonl with infer_ms): what a device's latency does to success")
+    p.add_argument("--max-steps", type=int, metavar="N",
+                   help="a smoke run: cut every try at N control steps (the setups' own: 300, full board 900). Its "
+                        "records, report and results page say so; success is meaningless and it is never ranked")
     p.add_argument("--out", required=out_default is None,
                    help="output folder" + (f" (default: {out_default})" if out_default else ""))
     p.add_argument("--fresh", action="store_true", help="discard what OUT holds and start over")
@@ -113,6 +116,8 @@ def request_from_args(args: argparse.Namespace, device_default: bool = False) ->
         raise ValueError(f"unknown split {args.split!r}; valid: {', '.join(SPLITS)}")
     if args.tries < 1:
         raise ValueError(f"--tries must be at least 1, got {args.tries}")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise ValueError(f"--max-steps must be at least 1 (control steps per try), got {args.max_steps}")
     settings = ExecutorSettings(args.executor, args.workers, args.address, args.gpus_per_actor, args.step_timeout,
                                 args.video)
     sim = args.sim
@@ -135,7 +140,7 @@ def request_from_args(args: argparse.Namespace, device_default: bool = False) ->
         replay = str(Path(args.replay_latency).resolve())
     model = ResolvedModel.of(config, device_default=device_default)  # the runtime, then weights or server
     request = RunRequest(model=model, setups=setups, split=args.split, tries=args.tries, arm=arm.name, sim=sim,
-                         num_envs=args.num_envs, replay_latency=replay)
+                         num_envs=args.num_envs, replay_latency=replay, max_steps=args.max_steps)
     return request, settings
 
 
@@ -276,6 +281,8 @@ def _execute(request: RunRequest, settings: ExecutorSettings, tasklist, cfg, out
         successes = n_new = 0
         if random_weights:
             print(f"{name} with {RANDOM_WEIGHTS_LABEL}: success meaningless", file=sys.stderr)
+        if request.max_steps is not None:
+            print(f"{name}: {max_steps_label(request.max_steps)}", file=sys.stderr)
         bar = tqdm(total=len(plan), initial=len(plan) - n_todo, unit="try", desc=name, smoothing=0.05)
         failure = None
         try:
@@ -330,6 +337,8 @@ def _execute(request: RunRequest, settings: ExecutorSettings, tasklist, cfg, out
                     + ", ".join(f"{flag} {hung[flag]}" for flag in UNFINISHED_FLAGS if hung[flag])
                     + "): a hung policy or simulator, see the flags in REPORT.md")
     random_txt = f" ({RANDOM_WEIGHTS_LABEL}, success meaningless)" if random_weights else ""
+    if request.max_steps is not None:
+        random_txt += f" ({max_steps_label(request.max_steps)})"
     print(f"{name}{random_txt} on {request.split} ({len(scored)} scored setups): {k}/{n} successes, {s_txt}; "
           f"report in {out / 'REPORT.md'}{hung_txt}")
     return RunOutcome(EXIT_HUNG if hung else 0, summary, request)

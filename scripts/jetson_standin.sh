@@ -14,7 +14,9 @@
 #      `engines.build --models octo-small` into build/standin/engines; both reused while built for the same
 #      checkpoint and the same engines/ source.
 #   3. with the 3.10 venv: `python -m eval.orin --model octo-small --backend ort --engines build/standin/engines`
-#      for one dev try of A01 (JAX is not there to import).
+#      for one dev try of A01 cut at MAX_STEPS control steps (--max-steps: ten queries check the chain end to end;
+#      the whole try's 75 queries of random weights would cost a minute more and check nothing more). JAX is not
+#      there to import.
 #
 # Without a Python 3.10 (python3.10 on PATH, else pyenv's 3.10.x) it prints why it skipped and exits 0. On failure
 # it exits non-zero with one line saying which step failed (the step's own output is above it).
@@ -32,6 +34,7 @@ RUN_OUT="$WORK/run"
 # the project's torch (scripts/setup.sh's TORCH_SPEC); JetPack 6's is a CUDA build of its own (Dockerfile.l4t)
 TORCH_SPEC="${STANDIN_TORCH_SPEC:-torch==2.13.0}"
 SEED=0
+MAX_STEPS=40  # ten of Octo's 4-step chunks
 
 say() { echo "jetson stand-in: $*"; }
 fail() { echo "jetson stand-in: FAILED: $*" >&2; exit 1; }
@@ -160,6 +163,6 @@ fi
 say "$("$VENV/bin/python" --version 2>&1) at $VENV/bin/python"
 t0=$SECONDS
 "$VENV/bin/python" -m eval.orin --model octo-small --backend ort --engines "$ENGINES" --checkpoint "$CKPT" \
-    --split dev --setups A01 --tries 1 --out "$RUN_OUT" --fresh \
+    --split dev --setups A01 --tries 1 --max-steps "$MAX_STEPS" --out "$RUN_OUT" --fresh \
     || fail "eval.orin --model octo-small --backend ort --engines $ENGINES on $("$VENV/bin/python" --version 2>&1) failed"
-say "passed: eval.orin --model octo-small --backend ort on $("$VENV/bin/python" --version 2>&1), no JAX installed, in $((SECONDS - t0)) s"
+say "passed: eval.orin --model octo-small --backend ort --max-steps $MAX_STEPS on $("$VENV/bin/python" --version 2>&1), no JAX installed, in $((SECONDS - t0)) s"

@@ -142,7 +142,7 @@ def test_the_main_command_downloads_caches_runs_and_records_then_reruns_offline_
     """The acceptance test: eval.orin on the tiny test repo through the real command line."""
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "eval.orin", "--model", "octo", "--checkpoint", f"hf://{REPO}", "--backend", "jax",
-           "--split", "dev", "--setups", "A01", "--tries", "1", "--out", str(out)]
+           "--split", "dev", "--setups", "A01", "--tries", "1", "--max-steps", "8", "--out", str(out)]
     first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=_env(tmp_path, hub.url))
     assert first.returncode == 0, first.stderr[-3000:]
     assert _files_fetched(hub.requests) == NEEDED  # only what the loader reads: not README.md, not the markers

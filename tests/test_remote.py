@@ -828,7 +828,8 @@ def test_the_servers_exception_type_and_message_reach_the_error_line(monkeypatch
 
 def test_eval_run_completes_a_dev_try_against_a_stub_of_openvla_ofts_deploy_server(tmp_path):
     """``--protocol openvla-http``: the real command line against a server following deploy.py (json_numpy
-    POST /act); every query carries deploy.py's keys and the try runs to its end with 8 actions a query."""
+    POST /act); every query carries deploy.py's keys and the try runs to its end (cut at 20 steps by
+    --max-steps: three queries, the last one's actions cut short) with 8 actions a query."""
     pytest.importorskip("json_numpy", reason="json-numpy (openvla-oft's deploy.py codec) is not installed: "
                                              "pip install -e '.[remote]'")
     from eval.remote.client import ServerUnreachable, check_server
@@ -838,13 +839,13 @@ def test_eval_run_completes_a_dev_try_against_a_stub_of_openvla_ofts_deploy_serv
     try:
         r = subprocess.run([sys.executable, "-m", "eval.run", "--model", "remote", "--server", server.url,
                             "--protocol", "openvla-http", "--profile", "openvla-oft-http", "--split", "dev",
-                            "--setups", "A01", "--tries", "1", "--out", str(out)], cwd=REPO_ROOT,
+                            "--setups", "A01", "--tries", "1", "--max-steps", "20", "--out", str(out)], cwd=REPO_ROOT,
                            capture_output=True, text=True, timeout=600)
     finally:
         server.close()
     assert r.returncode == 0, r.stderr[-2000:]
     (rec,) = [json.loads(line) for line in (out / "tries.jsonl").read_text().splitlines()]
-    assert rec["profile"] == "openvla-oft-http" and rec["track"] == "frozen" and rec["steps"] > 8
+    assert rec["profile"] == "openvla-oft-http" and rec["track"] == "frozen" and rec["steps"] == 20
     assert len(server.seen) == -(-rec["steps"] // 8)  # one query per 8 steps
     first = server.seen[0]
     assert set(first) == {"full_image", "wrist_image", "state", "instruction"} and first["instruction"]
@@ -997,7 +998,7 @@ def test_a_served_runs_token_is_written_to_no_file_of_the_run_or_the_site(tmp_pa
         assert "serving bc-state" in line, proc.stderr.read()
         url = line.split(" on ")[1].split()[0]
         common = ["--model", "remote", "--server", url, "--profile", "bc-state", "--split", "dev", "--setups", "A01",
-                  "--tries", "1"]
+                  "--tries", "1", "--max-steps", "10"]
         for how, out in runs.items():
             env = dict(os.environ, SAB_REMOTE_TOKEN=token) if how == "env" else dict(os.environ)
             if how == "flag":

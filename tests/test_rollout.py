@@ -162,7 +162,8 @@ def test_video_is_a_playable_mp4_of_the_try(tmp_path):
 def test_octo_runs_batched_end_to_end(tmp_path):
     """eval.run --num-envs 2 on Octo through the real command line: one batched query per chunk. The tiny Octo in
     the released layout (``--model octo --checkpoint``, its t5 tokenizer beside it) stands in for octo-small:
-    the batching is the same code, and a query costs milliseconds instead of half a second."""
+    the batching is the same code, and a query costs milliseconds instead of half a second. The tries are cut at
+    14 steps (--max-steps): four chunks, the last one cut short, say as much of the batching as 300 steps."""
     pytest.importorskip("jax")
     pytest.importorskip("sentencepiece", reason="the tiny t5 tokenizer is trained with sentencepiece")
     import os
@@ -176,12 +177,13 @@ def test_octo_runs_batched_end_to_end(tmp_path):
     train_spiece(checkpoint / "t5-base")
     out = tmp_path / "octo"
     cmd = [sys.executable, "-m", "eval.run", "--model", "octo", "--checkpoint", str(checkpoint), "--setups", "A01",
-           "--tries", "2", "--num-envs", "2", "--sim", "cpu", "--out", str(out)]
+           "--tries", "2", "--num-envs", "2", "--sim", "cpu", "--max-steps", "14", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200,
                           env=dict(os.environ, OCTO_T5_TOKENIZER=str(checkpoint / "t5-base")))
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(x) for x in (out / "tries.jsonl").read_text().splitlines()]
     assert sorted(r["try"] for r in records) == [0, 1] and all(r["num_envs"] == 2 for r in records)
+    assert [r["steps"] for r in records] == [14, 14] and all(r["max_steps"] == 14 for r in records)
     steps = records[0]["steps"]
     assert all(r["infer_queries"] == -(-r["steps"] // 4) for r in records)  # one query per chunk of 4
     (batch,) = [json.loads(x) for x in (out / "batches.jsonl").read_text().splitlines()]

@@ -209,3 +209,29 @@ def test_both_cameras_render_images_of_the_stated_sizes():
     for img in (third, wrist):
         assert img.dtype == np.uint8
         assert img.std() > 10 and len(np.unique(img.reshape(-1, 3), axis=0)) > 100  # not blank
+
+
+def test_a_scene_built_after_every_other_was_dropped_keeps_the_render_context_and_renders_the_same_frames():
+    """env.task.hold_render_context: SAPIEN frees a device's compiled pipelines with its last render system;
+    the task keeps one for the process, so a scene built after all others were dropped (a worker's next setup)
+    compiles nothing again, and its frames are the bytes the first scene rendered."""
+    import gc
+
+    from env import task
+
+    def frames():
+        env = make_env("A01", obs_mode="rgb")
+        try:
+            obs, _ = env.reset(seed=0)
+            device = str(env.unwrapped._render_device)
+            return device, {k: v["rgb"][0].numpy().tobytes() for k, v in obs["sensor_data"].items()}
+        finally:
+            env.close()
+            del env
+            gc.collect()
+
+    device, first = frames()
+    held = task._RENDER_CONTEXTS.get(device)
+    assert held is not None  # outlives every scene
+    again, second = frames()
+    assert again == device and task._RENDER_CONTEXTS[device] is held and second == first

@@ -84,6 +84,15 @@ def test_random_weights_never_ranked_and_labelled_latency_only(how):
     assert "latency only" in st["text"]
 
 
+@pytest.mark.parametrize("how", ["summary", "run_json"])
+def test_a_smoke_run_cut_by_max_steps_is_never_ranked_and_says_so(how):
+    summary = {**_summary("frozen"), "max_steps": 12} if how == "summary" else _summary("frozen")
+    rj = {"options": {"max_steps": 12}} if how == "run_json" else {"options": {}}
+    st = run_status(summary, rj)  # complete, test split, frozen: would be ranked
+    assert not st["ranked"] and st["latency_only"] and st["section"] == "latency_only"
+    assert st["text"] == "never ranked: tries cut at 12 control steps (--max-steps): a smoke run, success meaningless"
+
+
 def test_incomplete_runs_marked_k_of_n_tries_per_setup():
     st = run_status(_summary("frozen", missing=("B05", "C01")))
     assert not st["ranked"] and st["section"] == "incomplete"

@@ -81,7 +81,7 @@ class TryWorker:
                 self.close()
                 factory = lambda: r.policy(job.setup)  # noqa: E731
                 self.members = make_members(factory(), r.num_envs, factory)
-            self.scenes = Scenes(job.setup, r.num_envs, sim=r.sim, arm=r.arm, cameras=cameras)
+            self.scenes = Scenes(job.setup, r.num_envs, sim=r.sim, arm=r.arm, cameras=cameras, max_steps=r.max_steps)
             self._key = key
         return self.scenes, self.members
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 from env.setups import DIFFICULTIES, GROUPS
+from eval.records import max_steps_label
 from eval.report.plots import run_title
-from eval.report.ranking import ranked_text
+from eval.report.ranking import ranked_text, step_cap
 from eval.report.summary import N_WEAKEST, _json_key
 
 
@@ -168,6 +169,8 @@ def render_markdown(summaries: Mapping[str, dict], paired: Mapping[str, dict] | 
     for n, s in summaries.items():
         if s.get("note"):  # e.g. random weights: latency only, success meaningless
             L += [f"**{n}: {_val(s['note'])}**", ""]
+        if s.get("max_steps") is not None:  # a smoke run (eval.run --max-steps)
+            L += [f"**{n}: {max_steps_label(step_cap(s))}**", ""]
     for n, s in summaries.items():
         who = f"{n}: " if several else ""
         if not s["n_tries"] and s["full_board"]:  # a full-board run: its own section, not the score's n/a

@@ -75,12 +75,15 @@ def run_title(name: str, summary: Mapping) -> str:
 
 
 def _label(name: str, summary: Mapping) -> str:
-    """A model's name in a picture, with its arm (not the Panda), marked when its weights are random (its
-    success means nothing)."""
-    from eval.report.ranking import is_random_weights
+    """A model's name in a picture, with its arm (not the Panda), marked when its weights are random or its tries
+    were cut short by --max-steps (its success means nothing)."""
+    from eval.report.ranking import is_random_weights, step_cap
 
     name = run_title(name, summary)
-    return f"{name} (random weights: latency only)" if is_random_weights(summary) else name
+    if is_random_weights(summary):
+        return f"{name} (random weights: latency only)"
+    cap = step_cap(summary)
+    return f"{name} (cut at {cap} steps: a smoke run)" if cap is not None else name
 
 
 def _held(summaries: Mapping[str, dict]) -> list[str]:

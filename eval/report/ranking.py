@@ -6,14 +6,15 @@ Only frozen-track runs with real weights, complete (every scored setup has its p
 with the Panda and the model's own weights are ranked; the reference, adapted and sanity runs made the same way
 are shown beside them for comparison. Every other run is labelled for what it is: a variant (weights other than
 the model's committed ones: not the track's recipe), another arm (the scripted reference as a check of the task
-list, spec section 7), an example on another split, an incomplete run, a random-weights run ("latency only"
-wherever it appears), a full-board run.
+list, spec section 7), an example on another split, an incomplete run, a random-weights run or a smoke run whose
+tries were cut short by --max-steps ("latency only" wherever they appear: success means nothing), a full-board run.
 """
 from __future__ import annotations
 
 from typing import Mapping
 
 from env.setups import SCORED_IDS
+from eval.records import max_steps_label
 
 LATENCY_ONLY = "latency only: random weights, success meaningless"
 DEFAULT_ARM = "panda"
@@ -29,6 +30,18 @@ def is_random_weights(summary: Mapping, run_json: Mapping | None = None) -> bool
     note = summary.get("note")
     notes = note if isinstance(note, list) else [note]
     return any(isinstance(n, str) and "random weights" in n for n in notes)
+
+
+def step_cap(summary: Mapping, run_json: Mapping | None = None) -> int | None:
+    """A smoke run's cap on every try's control steps (``--max-steps``), from run.json's options or the records
+    (summary.json's ``max_steps``); None: the tries ran the setups' own length."""
+    opts = (run_json or {}).get("options") or {}
+    for v in ((opts.get("max_steps") if isinstance(opts, Mapping) else None), summary.get("max_steps")):
+        if isinstance(v, list):  # records that disagree: the smallest cap is what some tries ran under
+            v = min((x for x in v if type(x) is int), default=None)
+        if type(v) is int:
+            return v
+    return None
 
 
 def tries_per_setup(summary: Mapping) -> tuple[int, int, int]:
@@ -62,9 +75,13 @@ def run_status(summary: Mapping, run_json: Mapping | None = None, default_weight
         incomplete = f"Incomplete: {summary.get('n_tries')} of {planned} planned tries"
     weights = summary.get("weights_sha256")
     variant = bool(default_weights and isinstance(weights, str) and weights != default_weights)
-    out = {"ranked": False, "incomplete": incomplete, "latency_only": random_w, "variant": variant, "track": track}
+    cap = step_cap(summary, run_json)
+    out = {"ranked": False, "incomplete": incomplete, "latency_only": random_w or cap is not None, "variant": variant,
+           "track": track}
     if random_w:
         out.update(section="latency_only", text=f"never ranked: {LATENCY_ONLY}")
+    elif cap is not None:
+        out.update(section="latency_only", text=f"never ranked: {max_steps_label(cap)}")
     elif full_only:
         out.update(section="full_board", text="full-board task only (not in the score)")
     elif split != SCORE_SPLIT:
@@ -96,7 +113,9 @@ def ranked_text(summary: Mapping, run_json: Mapping | None = None) -> str:
     status = run_status(summary, run_json)
     track = summary.get("track")
     if status["latency_only"]:
-        return "no (random weights: latency only)"
+        cap = step_cap(summary, run_json)
+        return f"no (tries cut at {cap} steps: a smoke run)" if cap is not None and not is_random_weights(
+            summary, run_json) else "no (random weights: latency only)"
     if status["ranked"]:
         return "yes"
     if track not in ("frozen", "reference", "sanity", "adapted"):

@@ -52,6 +52,9 @@ CI = nullable(leaf(lambda v: isinstance(v, list) and len(v) == 2 and all(x is No
                    "[low, high] fractions 0..1 (or nulls)"))
 _META = leaf(lambda v: v is None or isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
              "a string, a list of strings (records that disagree) or null")
+_STEP_CAP = leaf(lambda v: v is None or (type(v) is int and v >= 1)
+                 or (isinstance(v, list) and all(type(x) is int and x >= 1 for x in v)),
+                 "a step count >= 1, a list of them (records that disagree) or null")
 _PCT = nullable(obj({"p50": NUM0, "p99": NUM0}))
 _ENTRY = obj({"name": STR, "group": STR, "difficulty": STR, "k": INT0, "n": INT0, "rate": nullable(RATE), "ci": CI,
               "flags": map_of(INT0), "no_flag_failures": INT0, "blocks_inserted_mean": nullable(NUM0),
@@ -59,7 +62,7 @@ _ENTRY = obj({"name": STR, "group": STR, "difficulty": STR, "k": INT0, "n": INT0
 _AGG = obj({"rate": nullable(RATE), "ci": CI, "setups": list_of(STR)}, ("rate", "ci"))
 SUMMARY_CHECK = obj({
     "model": STR, **{k: _META for k in ("track", "split", "arm", "tasklist_sha256", "backend", "weights_sha256")},
-    "note": _META, "machine": leaf(lambda v: v is None or isinstance(v, (str, dict, list)), "an object or null"),
+    "note": _META, "max_steps": _STEP_CAP, "machine": leaf(lambda v: v is None or isinstance(v, (str, dict, list)), "an object or null"),
     "predicate": INT1, "vetoed": nullable(obj({"n": INT0, "flags": map_of(INT0)})),
     "actions_clipped": nullable(obj({"tries": INT0, "actions": INT0})), "n_tries": INT0, "complete": BOOL,
     "missing": list_of(STR), "S": nullable(RATE), "S_ci": CI, "M": nullable(RATE), "M_ci": CI,
@@ -271,7 +274,7 @@ def build_summary(records: Iterable[Mapping], *, model: str | None = None,
 
     meta = {key: _common(records, key, warnings) for key in ("model", "track", "split", "arm", "machine",
                                                              "tasklist_sha256", "backend", "weights_sha256", "note",
-                                                             "appearance")}
+                                                             "appearance", "max_steps")}
     for key in ("split", "arm", "tasklist_sha256", "run_identity"):  # one run folder's records share these
         if len({_json_key(r[key]) for r in records if r.get(key) is not None}) > 1:
             raise ReportError(f"records of several runs (different '{key}': {_common(records, key, [])}); one tries "
@@ -333,6 +336,7 @@ def build_summary(records: Iterable[Mapping], *, model: str | None = None,
         "backend": meta["backend"],
         "weights_sha256": meta["weights_sha256"],
         "note": meta["note"],
+        "max_steps": meta["max_steps"],  # a smoke run's cap on each try (--max-steps); null: the setups' own
         "predicate": predicate,
         # tries where the predicate held but a flag vetoed the success (v2 records say so; v1 did not veto)
         "vetoed": {"n": len(vetoed), "flags": {f: c for f, c in vetoes.items() if c}} if predicate >= 2 else None,

@@ -35,7 +35,7 @@ SECTIONS = {
     "other_arm": "Other arms: the scripted reference as a check of the task list (spec section 7)",
     "incomplete": "Incomplete runs",
     "example": "Examples on other splits (latency and the device report, not results)",
-    "latency_only": "Random weights (latency only, success meaningless)",
+    "latency_only": "Random weights or tries cut short by --max-steps (latency only, success meaningless)",
     "full_board": "Full-board task only",
 }
 SECTION_SHORT = {"ranked": "ranked", "comparison": "leaderboard, not ranked", "variant": "variant",
