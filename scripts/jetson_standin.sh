@@ -18,8 +18,9 @@
 #      the whole try's 75 queries of random weights would cost a minute more and check nothing more). JAX is not
 #      there to import.
 #
-# Without a Python 3.10 (python3.10 on PATH, else pyenv's 3.10.x) it prints why it skipped and exits 0. On failure
-# it exits non-zero with one line saying which step failed (the step's own output is above it).
+# `--venv-only` does step 1 alone (it needs no main venv: CI builds this venv beside make setup). Without a Python
+# 3.10 (python3.10 on PATH, else pyenv's 3.10.x) it prints why it skipped and exits 0. On failure it exits non-zero
+# with one line saying which step failed (the step's own output is above it).
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,6 +35,12 @@ RUN_OUT="$WORK/run"
 # the project's torch (scripts/setup.sh's TORCH_SPEC); JetPack 6's is a CUDA build of its own (Dockerfile.l4t)
 TORCH_SPEC="${STANDIN_TORCH_SPEC:-torch==2.13.0}"
 SEED=0
+VENV_ONLY=0
+case "${1:-}" in
+    "") ;;
+    --venv-only) VENV_ONLY=1 ;;
+    *) echo "jetson stand-in: unknown argument ${1}; usage: bash scripts/jetson_standin.sh [--venv-only]" >&2; exit 2 ;;
+esac
 MAX_STEPS=40  # ten of Octo's 4-step chunks
 
 say() { echo "jetson stand-in: $*"; }
@@ -51,11 +58,11 @@ if [[ -z "$py310" ]]; then
     say "skipped: no Python 3.10 here"
     exit 0
 fi
-[[ -x "$MAIN_PY" ]] || fail "no main venv at $MAIN_PY (run make setup first)"
 
 # -------------------------------------------------- 1. the Jetson image's venv
-# The Dockerfile's pinned list: the words of its `pip install` that installs trimesh==..., up to the first &&.
-install_list="$("$MAIN_PY" - "$REPO/Dockerfile.l4t" <<'EOF'
+# The Dockerfile's pinned list: the words of its `pip install` that installs trimesh==..., up to the first &&
+# (read by the 3.10 interpreter itself: this step needs no main venv).
+install_list="$("$py310" - "$REPO/Dockerfile.l4t" <<'EOF'
 import re, shlex, sys
 text = re.sub(r"\\\n", " ", open(sys.argv[1]).read())
 for line in text.splitlines():
@@ -117,6 +124,10 @@ EOF
     printf '%s' "$stamp_text" > "$VENV/.standin-stamp"
     say "venv: built $VENV in $((SECONDS - t0)) s ($(du -sh "$VENV" | cut -f1))"
 fi
+if [[ "$VENV_ONLY" == "1" ]]; then
+    exit 0
+fi
+[[ -x "$MAIN_PY" ]] || fail "no main venv at $MAIN_PY (run make setup first)"
 
 # ------------------------------------- 2. checkpoint and export (main venv, JAX)
 ckpt_key="octo-small seed=$SEED writer=$(sed -n '/^# checkpoint writer: begin/,/^# checkpoint writer: end/p' "$REPO/scripts/jetson_standin.sh" | sha256sum | cut -c1-16) src=$(cat engines/octo/config.py engines/octo/params.py engines/octo/checkpoint.py | sha256sum | cut -c1-16)"

@@ -433,14 +433,17 @@ STANDIN = ROOT / "scripts" / "jetson_standin.sh"
 
 
 def test_ci_runs_the_jetson_standin_after_setup_beside_the_tests_and_before_the_prescott_pass():
-    """.ci/run: the stand-in needs make setup's venv, not the tests' results: it runs in the background job that
-    starts once setup is done, beside the main pass (make test), and the Prescott pass follows it in that job; its
-    failure is one CI FAILURE line and a non-zero exit."""
+    """.ci/run: the stand-in's venv needs nothing of the project's and is built from the start, beside make setup;
+    the stand-in itself needs make setup's venv, not the tests' results: it runs in the background job that
+    starts once setup is done, beside the main pass (make test), once its venv's build ended, and the Prescott
+    pass follows it in that job; its failure is one CI FAILURE line and a non-zero exit."""
     ci = (ROOT / ".ci" / "run").read_text()
-    hook = ci.index("bash scripts/jetson_standin.sh")
-    assert ci.index("\nmake setup\n") < hook < ci.index("OPENBLAS_CORETYPE=Prescott")
+    venv = ci.index("bash scripts/jetson_standin.sh --venv-only")
+    hook = ci.index("if ! bash scripts/jetson_standin.sh; then")
+    assert venv < ci.index("\nmake setup\n") < ci.index('while [[ ! -s "$standin_venv_rc" ]]') < hook
+    assert hook < ci.index("OPENBLAS_CORETYPE=Prescott")
     assert hook < ci.index("PYTEST_RC_FILE=\"$rc_file\" make test")  # the background job starts first
-    assert re.search(r"if ! bash scripts/jetson_standin.sh; then\n.*\n\s+exit 1\n", ci[hook - 10:])
+    assert re.search(r"if ! bash scripts/jetson_standin.sh; then\n.*\n\s+exit 1\n", ci[hook:])
 
 
 def test_standin_skips_with_the_reason_where_there_is_no_python_3_10(tmp_path):
@@ -453,6 +456,10 @@ def test_standin_skips_with_the_reason_where_there_is_no_python_3_10(tmp_path):
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "jetson stand-in: skipped: no Python 3.10 here"
+    bad = subprocess.run(["bash", str(STANDIN), "--venv"], env={"PATH": path, "HOME": str(tmp_path)},
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip() == ("jetson stand-in: unknown argument --venv; usage: bash "
+                                                         "scripts/jetson_standin.sh [--venv-only]")
 
 
 def test_standin_installs_as_the_image_does_without_jax():

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.sim  # builds a state scene
 LABEL = max_steps_label(5)
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "eval.run", "--model", "scripted", "--setups", "A01", *args],
+def _run(*args: str, module: str = "eval.run") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, "--model", "scripted", "--setups", "A01", *args],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
 
 
@@ -55,11 +55,12 @@ def test_a_run_with_another_cap_or_none_is_another_run(smoke, tmp_path):
     assert len((out / "tries.jsonl").read_text().splitlines()) == 2  # nothing added, nothing lost
 
 
-@pytest.mark.parametrize("value", ["0", "-3"])
-def test_a_cap_below_one_step_is_one_line(value, tmp_path):
-    proc = _run("--max-steps", value, "--out", str(tmp_path / "run"))
-    assert proc.returncode == 2 and proc.stderr.strip() == f"error: --max-steps must be at least 1 (control steps " \
-                                                           f"per try), got {value}", proc.stderr
+@pytest.mark.parametrize("module,value", [("eval.run", "0"), ("eval.run", "-3"), ("eval.orin", "0")])
+def test_a_cap_below_one_step_is_one_line(module, value, tmp_path):
+    proc = _run("--max-steps", value, "--out", str(tmp_path / "run"), module=module)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]  # (eval.orin names the device first)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert errors == [f"error: --max-steps must be at least 1 (control steps per try), got {value}"], proc.stderr
     assert not (tmp_path / "run").exists()
 
 
