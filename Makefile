@@ -16,7 +16,7 @@ XDIST ?= -n 2 --dist loadfile
 
 help:
 	@echo "Targets:"
-	@echo "  make setup   idempotent setup: .venv/ (or PYTHON=...), Mesa lavapipe (root), torch if missing, pip install -e .[sim,export,jax,ray,dev,remote]"
+	@echo "  make setup   idempotent setup: .venv/ (or PYTHON=...), Mesa lavapipe (root), torch if missing, pip install -e .[sim,export,jax,ray,dev,remote,dataset]"
 	@echo "  make test    setup, then $(PY) -m pytest -q $(XDIST) --durations=20 (XDIST='' for one process)"
 	@echo "  make test-fast  setup, then the fast set: $(PY) -m pytest -q -m \"$(FAST_MARKERS)\" $(XDIST) (a few minutes)"
 	@echo "  make demo    setup, the bc-state engine, then eval.orin on 2 dev tries of A01 and B01 -> runs/demo"

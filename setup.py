@@ -52,7 +52,9 @@ setup(
         # transformers: the T5 encoder and tokenizer cross-checks against Hugging Face's reference (tests
         # only; they build tiny models and tokenizers locally, nothing is downloaded); it uses the CPU torch;
         # pytest-xdist: CI (.ci/run) runs the suite on both cores (-n 2)
-        "dev": ["pytest", "pytest-timeout", "pytest-xdist", "transformers>=5,<6"],
+        # pandas and av: the readers LeRobot itself uses for meta/tasks.parquet and the videos (PyAV, its
+        # decoder where torchcodec is missing), in the dataset tests
+        "dev": ["pytest", "pytest-timeout", "pytest-xdist", "transformers>=5,<6", "pandas", "av"],
         # eval.remote / eval.serve: the WebSocket transport and msgpack codecs of the openpi and vla-eval
         # protocols; vla-eval (0.8 checked) for its model servers, client and image codec in the tests;
         # json-numpy (2.1.1 checked: the codec openvla-oft's deploy.py patches json with) for the tests' stub of
@@ -61,5 +63,8 @@ setup(
         # used (websocket_client_policy, msgpack_numpy) need only websockets and msgpack: install it with
         # pip install --no-deps openpi-client==0.1.2 (its tests skip without it)
         "remote": ["websockets>=13", "msgpack", "vla-eval>=0.8,<0.9", "json-numpy>=2.1,<3"],
+        # eval.record: LeRobotDataset v3.0 parquet files, the videos through imageio-ffmpeg's own ffmpeg, the
+        # upload (--push-to-hub) through huggingface_hub
+        "dataset": ["pyarrow>=15", "imageio-ffmpeg", "huggingface_hub"],
     },
 )

@@ -33,6 +33,7 @@ PARTS = ("steps", "workers")
 SPLIT = "dev"  # the tries timed here are the dev split's (never the test split's)
 OVERHEAD_TARGET_PCT = 10.0
 SPEEDUP_TARGET = 1.8
+QUICK_STEPS = 20  # --quick: every try cut at this many steps (5 with cameras); it checks the benchmark runs
 
 
 def _scripted(setup: str):
@@ -113,7 +114,7 @@ def steps_part(setups: list[str], tries: int, repeats: int, max_steps: int | Non
             "summary": summary, "per_try": per_try}
 
 
-def _pool_run(n_workers: int, jobs, warm_jobs) -> dict:
+def _pool_run(n_workers: int, jobs, warm_jobs, max_steps: int | None = None) -> dict:
     from eval.records import TryRecord
     from eval.executors.local import WorkerPool
 
@@ -124,7 +125,7 @@ def _pool_run(n_workers: int, jobs, warm_jobs) -> dict:
     from eval.request import RunRequest, resolve_model
 
     request = RunRequest(resolve_model("scripted"), setups=tuple({j.setup.id: j.setup for j in jobs}.values()),
-                         split=SPLIT, tries=1)
+                         split=SPLIT, tries=1, max_steps=max_steps)
     t0 = time.perf_counter()
     pool = WorkerPool(n_workers, request, None)
     try:
@@ -145,7 +146,7 @@ def _pool_run(n_workers: int, jobs, warm_jobs) -> dict:
             "hangs": sum("sim_hang" in r.get("flags", ()) for r in recs)}
 
 
-def workers_part(setups: list[str], tries: int, show: bool, mach: dict) -> dict:
+def workers_part(setups: list[str], tries: int, show: bool, mach: dict, max_steps: int | None = None) -> dict:
     from env.setups import get_setup
     from eval.executors import Job
 
@@ -153,9 +154,10 @@ def workers_part(setups: list[str], tries: int, show: bool, mach: dict) -> dict:
     runs = {}
     for n in progress((1, 2), desc="workers", disable=not show):
         warm = [Job(get_setup(setups[0]), tries + i) for i in range(n)]  # one untimed try per worker, not in the timed list
-        runs[n] = _pool_run(n, jobs, warm)
+        runs[n] = _pool_run(n, jobs, warm, max_steps)
     speedup = runs[2]["tries_per_s"] / runs[1]["tries_per_s"]
-    out = {"setups": setups, "tries_per_setup": tries, "runs": [runs[1], runs[2]], "speedup_2_vs_1": round(speedup, 3)}
+    out = {"setups": setups, "tries_per_setup": tries, "max_steps": max_steps, "runs": [runs[1], runs[2]],
+           "speedup_2_vs_1": round(speedup, 3)}
     if speedup < SPEEDUP_TARGET and runs[1]["try_wall_s_mean"] and runs[2]["try_wall_s_mean"]:
         # a try taking longer inside its worker when a second worker runs: the two do not each get a core
         slow = runs[2]["try_wall_s_mean"] / runs[1]["try_wall_s_mean"]
@@ -175,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tries", type=int, help="tries per setup (default 2; quick: 1)")
     p.add_argument("--repeats", type=int, help="timed runs of each try per loop (default 3; quick: 1)")
     p.add_argument("--max-steps", type=int, help="cut each try at this many steps (default: whole tries; "
-                   "quick: 5 with cameras)")
+                   f"quick: {QUICK_STEPS}, 5 with cameras)")
     p.add_argument("--obs", default="state,cameras", help="state, cameras or both (default both)")
     p.add_argument("--parts", default=",".join(PARTS), help=f"which parts: {', '.join(PARTS)} (default both)")
     p.add_argument("--worker-tries", type=int, help="timed tries per setup for the worker part (default 4; quick: 2)")
@@ -205,7 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["steps"] = {}
         for label in labels:
             # CPU rendering of both cameras is slow (about 0.5 s a step on a loaded 2-core machine): quick cuts it
-            cap = args.max_steps if args.max_steps is not None else (5 if args.quick and label == "cameras" else None)
+            cap = args.max_steps if args.max_steps is not None else (
+                (5 if label == "cameras" else QUICK_STEPS) if args.quick else None)
             results["steps"][label] = steps_part(setups, tries, repeats, cap, [label], show)["summary"][label] | {
                 "max_steps": cap}
         rows = [[label, s["steps"], s["bare_steps_per_s"], s["runner_steps_per_s"], s["harness_overhead_pct"],
@@ -214,7 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_table(f"control steps/s, bare env.step vs run_try (target overhead <= {OVERHEAD_TARGET_PCT:g}%)",
                     ["obs", "steps", "bare steps/s", "runner steps/s", "overhead %", "runner ms/step by stage"], rows)
     if "workers" in parts:
-        w = workers_part(setups, worker_tries, show, mach)
+        w = workers_part(setups, worker_tries, show, mach,
+                         max_steps=args.max_steps if args.max_steps is not None else (QUICK_STEPS if args.quick else None))
         results["workers"] = w
         print_table(f"tries/s through WorkerPool (target 2 vs 1 >= {SPEEDUP_TARGET}x)",
                     ["workers", "tries", "start-up s", "wall s", "tries/s", "s per try (in worker)", "parent CPU %"],

@@ -599,6 +599,7 @@ class RunRequest:
     num_envs: int = 1
     replay_latency: str | None = None  # a measured latency profile (absolute path) every action is delayed by
     max_steps: int | None = None  # a smoke run: every try cut at this many control steps (None: the setup's own)
+    record: bool = False  # every try's frames, joint positions and actions staged as a dataset episode (eval.record)
 
     def __post_init__(self):
         # checked here, once, before any scene is built: a worker builds num_envs scenes whatever it is given
@@ -629,7 +630,7 @@ class RunRequest:
         out = {"model": self.model.name, "track": self.track, "arm": self.arm, "backend": self.model.backend}
         if self.model.precision is not None:
             out["precision"] = self.model.precision
-        if self.observes == "cameras":  # what its frames look like (env.appearance)
+        if self.observes == "cameras" or self.record:  # what its (or the recording's) frames look like
             from env.appearance import APPEARANCE_VERSION
 
             out["appearance"] = APPEARANCE_VERSION
@@ -649,6 +650,10 @@ class RunRequest:
             out["replay_latency"] = self.replay_latency
         if self.max_steps is not None:
             out["max_steps"] = self.max_steps
+        if self.record:  # another run than an evaluation's: its tries have staged episodes
+            from eval.lerobot import DATASET_FORMAT
+
+            out["record"] = DATASET_FORMAT
         return out
 
     def policy(self, setup: Setup, **build) -> Policy:

@@ -159,10 +159,17 @@ class Scenes:
         for i in idx:
             frames = self.frames(i, host=self.sim == "cpu")
             images = None if frames is None else {"third_person": frames[0], "wrist": frames[1]}
-            obs, row = (self._obs[0], i) if self.sim == "gpu" else (self._obs[i], 0)
-            out.append({"images": images, "proprio": _numpy(obs["agent"]["qpos"][row]),
-                        "instruction": self.instructions[i]})
+            out.append({"images": images, "proprio": self.proprio(i), "instruction": self.instructions[i]})
         return out
+
+    def proprio(self, i: int) -> np.ndarray:
+        """Scene i's joint positions (the arm's, then the gripper's), as camera policies observe them."""
+        obs, row = (self._obs[0], i) if self.sim == "gpu" else (self._obs[i], 0)
+        return _numpy(obs["agent"]["qpos"][row])
+
+    def joint_names(self) -> list[str]:
+        """The names of the joints :meth:`proprio` gives, in its order."""
+        return [j.name for j in self.envs[0].unwrapped.agent.robot.get_active_joints()]
 
     def frames(self, i: int, host: bool = True) -> tuple[Any, Any] | None:
         """Scene i's last rendered (third-person, wrist) frames; None when that step was not rendered.
@@ -266,11 +273,13 @@ def try_starts(setup: Setup, split: str, try_indices: Sequence[int], tasklist=No
 
 def rollout(scenes: Scenes, members: Sequence[Policy], split: str, try_indices: Sequence[int], tasklist=None,
             on_step: Callable[[str], None] | None = None, videos: Sequence[str | None] | None = None,
-            ) -> tuple[list[TryRecord], dict[str, Any]]:
+            episodes: Sequence[str | None] | None = None) -> tuple[list[TryRecord], dict[str, Any]]:
     """Run up to N tries of the scenes' setup together, from their starts to success or the step limit;
     (the tries' records, the batch record). ``on_step(stage)`` is called before every policy query
     ("policy") and every physics step ("sim"): the watchdog's heartbeat. ``videos``: an mp4 path per try
-    (None: no video); a try with one renders every step."""
+    (None: no video); a try with one renders every step. ``episodes``: a folder per try (None: not recorded)
+    where the try is staged as a dataset episode (:mod:`eval.lerobot.episode`: the frames each action was
+    chosen from, the joint positions, the actions); a recorded try renders every step."""
     setup, n = scenes.setup, scenes.num_envs
     k = len(try_indices)
     if not 1 <= k <= n:
@@ -291,6 +300,15 @@ def rollout(scenes: Scenes, members: Sequence[Policy], split: str, try_indices: 
         from eval.video import TryVideo
 
         writers = [TryVideo(p) if p else None for p in list(videos) + [None] * (n - len(videos))]
+    recorders: list[Any] = [None] * n
+    if episodes is not None:
+        from env.setups import CONTROL_FREQ
+        from eval.lerobot.episode import EpisodeRecording
+
+        if not scenes.cameras:
+            raise BatchError("a recorded try needs scenes made with cameras=True")
+        recorders = [EpisodeRecording(p, CONTROL_FREQ, scenes.joint_names()) if p else None
+                     for p in list(episodes) + [None] * (n - len(episodes))]
     live = np.zeros(n, dtype=bool)
     live[:k] = True  # spare scenes are never queried (on GPU they step on the hold action)
     steps = np.zeros(n, dtype=int)
@@ -318,11 +336,15 @@ def rollout(scenes: Scenes, members: Sequence[Policy], split: str, try_indices: 
         t2 = time.perf_counter()
         full = np.tile(HOLD_ACTION, (n, 1))
         full[idx] = actions
+        for j, i in enumerate(idx):
+            if recorders[i] is not None:  # the frames this action was chosen from: the scene has not stepped yet
+                recorders[i].add(scenes.frames(i), scenes.proprio(i), actions[j])
         clipped[idx] += np.any(np.abs(actions) > ACTION_BOUND, axis=1)
         queries[idx] += ran
         render = np.zeros(n, dtype=bool)
         for i in idx:
-            render[i] = writers[i] is not None or members[i].reads_observation(int(steps[i]) + 1)
+            render[i] = (writers[i] is not None or recorders[i] is not None
+                         or members[i].reads_observation(int(steps[i]) + 1))
         if on_step is not None:
             on_step("sim")
         info, render_ms = scenes.step(full, live, render)
@@ -337,6 +359,8 @@ def rollout(scenes: Scenes, members: Sequence[Policy], split: str, try_indices: 
         for i in idx:
             if writers[i] is not None:
                 writers[i].add(*scenes.frames(i), int(steps[i]), {key: v[i:i + 1] for key, v in info.items()})
+            if recorders[i] is not None:
+                recorders[i].step_result(bool(info["success"][i]))
             for name in STICKY_FLAGS:
                 if bool(info[name][i]):
                     flags[i].add(name)
@@ -360,6 +384,10 @@ def rollout(scenes: Scenes, members: Sequence[Policy], split: str, try_indices: 
     for w in writers:
         if w is not None:
             w.write()
+    for i, r in enumerate(recorders[:k]):
+        if r is not None:
+            r.finish({"setup": setup.id, "try_index": int(try_indices[i]), "seed": int(seeds[i]), "split": split,
+                      "instruction": scenes.instructions[i]})
     records = []
     for i, t in enumerate(try_indices):
         f, m = finals[i], members[i]

@@ -140,7 +140,8 @@ def request_from_args(args: argparse.Namespace, device_default: bool = False) ->
         replay = str(Path(args.replay_latency).resolve())
     model = ResolvedModel.of(config, device_default=device_default)  # the runtime, then weights or server
     request = RunRequest(model=model, setups=setups, split=args.split, tries=args.tries, arm=arm.name, sim=sim,
-                         num_envs=args.num_envs, replay_latency=replay, max_steps=args.max_steps)
+                         num_envs=args.num_envs, replay_latency=replay, max_steps=args.max_steps,
+                         record=bool(getattr(args, "record", False)))
     return request, settings
 
 
@@ -271,8 +272,13 @@ def _execute(request: RunRequest, settings: ExecutorSettings, tasklist, cfg, out
                   + (" (stepped one after another: no GPU speed-up)" if request.sim == "cpu" else ""), file=sys.stderr)
         step_timeout = settings.step_timeout_s if settings.step_timeout_s is not None else STEP_TIMEOUT_S
         try:
+            episode_dir = None
+            if request.record:  # eval.record: each try staged as a dataset episode by the worker that ran it
+                episode_dir = str(out / "episodes")
+                Path(episode_dir).mkdir(exist_ok=True)
             pool = make_executor(settings.kind, n_workers, request, str(out / "videos"), step_timeout_s=step_timeout,
-                                 address=settings.address, gpus_per_actor=settings.gpus_per_actor)
+                                 address=settings.address, gpus_per_actor=settings.gpus_per_actor,
+                                 episode_dir=episode_dir)
         except WorkerError as e:
             return RunOutcome(_fail(str(e)), request=request)
         log = TryLog(out / "tries.jsonl", stamp={"run_identity": cfg.run_identity})  # records name their run

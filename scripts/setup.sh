@@ -7,7 +7,7 @@
 # Steps (each prints one line saying what it did or skipped):
 #   1. CPU Vulkan (Mesa lavapipe >= 24.3) via apt, when root
 #   2. torch, only when `import torch` fails (never replaces an existing torch)
-#   3. pip install -e ".[sim,export,jax,ray,dev,remote]" (and openpi-client without its numpy<2 pin) with requirements/lock.txt as constraints (the versions
+#   3. pip install -e ".[sim,export,jax,ray,dev,remote,dataset]" (and openpi-client without its numpy<2 pin) with requirements/lock.txt as constraints (the versions
 #      CI tested), skipped when already done; UNLOCKED=1 installs without the lock (upgrading, or a
 #      platform the lock was not made on)
 #      On aarch64 (a Jetson) the lock (x86, Python 3.11) is never applied. JetPack 6 (L4T R36, Python 3.10, and
@@ -25,7 +25,7 @@ cd "$REPO"
 MESA_MIN="${MESA_MIN:-24.3}"   # overridable only to exercise the apt path
 NV_TEGRA_RELEASE="${NV_TEGRA_RELEASE:-/etc/nv_tegra_release}"   # overridable only to exercise the Jetson path
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
-EXTRAS="sim,export,jax,ray,dev,remote"
+EXTRAS="sim,export,jax,ray,dev,remote,dataset"
 PACKAGES=(env eval engines jetson benchmarks)
 
 say() { echo "[setup] $*"; }

@@ -53,6 +53,7 @@ SLOW_FIRST = [
     "tests/test_predicate_v2.py",
     "tests/test_run_harness.py",
     "tests/test_record_faults.py",
+    "tests/test_record.py",
     "tests/test_cli_faults.py",
     "tests/test_device_check.py",
     "tests/test_ray_executor.py",

@@ -422,10 +422,10 @@ def test_setup_on_x86_still_applies_the_lock_and_every_extra(tmp_path):
     proc, pip, repo = run_setup(tmp_path, "x86_64", py_minor=11, release=None)
     assert proc.returncode == 0, proc.stderr
     lock = repo / "requirements" / "lock.txt"
-    assert pip == [f"install -q -e {repo}[sim,export,jax,ray,dev,remote] -c {lock}",
+    assert pip == [f"install -q -e {repo}[sim,export,jax,ray,dev,remote,dataset] -c {lock}",
                    f"install -q --no-deps openpi-client -c {lock}"]
     assert "aarch64" not in proc.stdout and not (repo / "build" / "aarch64-constraints.txt").exists()
-    assert f'[setup] install: pip install -e ".[sim,export,jax,ray,dev,remote]" -c {lock} done' in proc.stdout
+    assert f'[setup] install: pip install -e ".[sim,export,jax,ray,dev,remote,dataset]" -c {lock} done' in proc.stdout
 
 
 # ------------------------------------------------------------------------ scripts/jetson_standin.sh (CI's stand-in)

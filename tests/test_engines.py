@@ -31,6 +31,7 @@ def one_line(e: BaseException) -> str:
 
 
 # ------------------------------------------------------------------ golden model
+@pytest.mark.kernels
 def test_golden_file_is_what_the_script_writes():
     sys.path.insert(0, str(DATA))
     try:
@@ -44,6 +45,7 @@ def test_golden_file_is_what_the_script_writes():
     assert meta["opset"] == "18" and meta["model"] == "golden-mlp"
 
 
+@pytest.mark.kernels
 def test_golden_through_onnx_runtime_and_dynamic_batch():
     feeds, y = golden()
     with OnnxRuntimeRunner(GOLDEN, "cpu") as r:
@@ -55,6 +57,7 @@ def test_golden_through_onnx_runtime_and_dynamic_batch():
         r.infer(feeds)
 
 
+@pytest.mark.kernels
 def test_golden_through_the_jax_runner():
     jnp = pytest.importorskip("jax.numpy")
     sys.path.insert(0, str(DATA))
@@ -127,6 +130,7 @@ def test_broken_engine_files_give_one_line(tmp_path):
     assert "unreadable" in one_line(e.value)
 
 
+@pytest.mark.kernels
 @pytest.mark.gpu
 def test_tensorrt_runner_on_the_golden_model(tmp_path):
     reason = trt.unavailable_reason()

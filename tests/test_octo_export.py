@@ -59,6 +59,7 @@ def fresh_inputs(cfg, seed, batch):
     return images, masks, lang, (init, steps)
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("batch,seed", [(1, 11), (3, 12)])
 def test_backbone_matches_jax(exported, ort_octo, batch, seed):
     engine, _ = exported
@@ -72,6 +73,7 @@ def test_backbone_matches_jax(exported, ort_octo, batch, seed):
     assert rel_err(got, ref) <= REL_TOL
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("batch,seed", [(2, 22)])
 def test_sampler_and_whole_query_match_jax(exported, ort_octo, batch, seed):
     engine, _ = exported
@@ -147,6 +149,7 @@ def test_the_parameter_digest_is_the_weights_not_the_order_of_their_dicts():
     assert params_digest(reversed_tree(built)) == params_digest(built)
 
 
+@pytest.mark.kernels
 def test_jax_runner_behind_the_same_interface(exported, ort_octo):
     engine, _ = exported
     cfg = engine.cfg

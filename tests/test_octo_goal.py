@@ -56,6 +56,7 @@ def test_goal_cameras_are_the_task_stacking_ones(tiny):
     assert goal_cameras(cfg) == ["primary", "wrist"]  # Octo 1.5: task_stack_keys on both tokenizers
 
 
+@pytest.mark.kernels
 @pytest.mark.slow
 def test_zero_goal_is_todays_model_bit_for_bit(tiny, backbone):
     """A goal of zeros (upstream's stand-in for a language-only task) gives exactly the readout and actions of
@@ -79,6 +80,7 @@ def test_zero_goal_is_todays_model_bit_for_bit(tiny, backbone):
     np.testing.assert_array_equal(given, today)
 
 
+@pytest.mark.kernels
 def test_a_goal_image_changes_the_readout_and_only_its_rows(tiny, backbone):
     cfg, params = tiny
     images, masks, lang = inputs(cfg, seed=1, batch=2)
@@ -92,6 +94,7 @@ def test_a_goal_image_changes_the_readout_and_only_its_rows(tiny, backbone):
     # constant: neither its frames nor its goal can change anything, so only the primary goal is checked)
 
 
+@pytest.mark.kernels
 def test_goal_is_stacked_after_the_observation_channels_as_upstream(tiny):
     """Upstream ImageTokenizer: concatenate([observation, goal repeated over the window], -1) before the
     encoder, which normalises the stack (per pixel, so as normalising each part): the primary tokens equal a
@@ -165,6 +168,7 @@ def test_backbone_graph_takes_goal_inputs_and_a_new_cache_name(exported):
     assert EXPORT_FORMAT.endswith("/2") and graphs.backbone.name.endswith("_f2_backbone.onnx")
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("batch,seed", [(1, 41), (3, 42)])
 def test_ort_matches_jax_with_a_goal(exported, backbone, batch, seed):
     engine, _, ort = exported
@@ -180,6 +184,7 @@ def test_ort_matches_jax_with_a_goal(exported, backbone, batch, seed):
     assert rel_err(ort.readout(images, masks, lang), plain) <= REL_TOL
 
 
+@pytest.mark.kernels
 @pytest.mark.slow
 def test_runners_take_goal_feeds_alike(exported):
     """The runner interface (feeds): JaxOcto and OnnxOcto give the same actions with a goal_primary feed."""

@@ -182,6 +182,7 @@ def test_padding_masks_apply_to_keys(tiny, tiny_fns):
     assert np.abs(np.asarray(bb(p, other, lang, masks)) - ref).max() > 1e-4
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("correct", [True, False])
 def test_grouped_attention_is_the_masked_attention(correct):
     """The backbone's attention runs per query group of the block-causal structure (prefix_groups), the key
@@ -216,6 +217,7 @@ def test_grouped_attention_is_the_masked_attention(correct):
     np.testing.assert_allclose(grouped[readout], masked[readout], atol=1e-5 * scale)
 
 
+@pytest.mark.kernels
 def test_missing_wrist_camera_is_what_upstream_does_without_the_key(tiny, tiny_fns):
     cfg, p = tiny
     images, masks, lang = inputs(cfg, seed=3)
@@ -231,6 +233,7 @@ def test_missing_wrist_camera_is_what_upstream_does_without_the_key(tiny, tiny_f
 
 
 # ------------------------------------------------------------------ diffusion and noise
+@pytest.mark.kernels
 def test_same_noise_same_actions(tiny, tiny_fns):
     cfg, p = tiny
     images, masks, lang = inputs(cfg)
@@ -249,6 +252,7 @@ def test_same_noise_same_actions(tiny, tiny_fns):
                                np.asarray(tiny_fns["infer"](p, images, lang, masks, z0, zs)), atol=1e-6)
 
 
+@pytest.mark.kernels
 def test_sampler_is_twenty_denoise_steps(tiny, tiny_fns):
     cfg, p = tiny
     images, masks, lang = inputs(cfg)
@@ -296,6 +300,7 @@ def test_t5_padding_does_not_reach_real_positions(tiny):
     np.testing.assert_allclose(a[:, :4], b[:, :4], atol=1e-5)
 
 
+@pytest.mark.kernels
 def test_t5_matches_the_reference_implementation(tiny):
     """Against Hugging Face's PyTorch T5 encoder with the same (tiny, random) weights, when available."""
     transformers = pytest.importorskip("transformers")
@@ -333,6 +338,7 @@ def test_t5_matches_the_reference_implementation(tiny):
     np.testing.assert_allclose(ours, ref.numpy(), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.kernels
 def test_transformer_block_matches_flax_layers(tiny):
     """One encoder block and one stem layer against flax.linen's own layers with the same parameters."""
     nn = pytest.importorskip("flax.linen")
@@ -474,6 +480,7 @@ UPSTREAM_STEP0_KEY42 = [0.05929756537079811, -0.18987873196601868, -0.4437580406
 UPSTREAM_STEP19_KEY42 = [0.0520332008600235, -0.13197314739227295, 0.0993528813123703, 0.05077562853693962]
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("partitionable", [True, False])
 def test_equal_seeds_give_upstreams_draws_whatever_the_global_prng_setting(partitionable):
     import jax

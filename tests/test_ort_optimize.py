@@ -81,6 +81,7 @@ def test_standard_passes_use_standard_ops_only(exported):
     assert not [o for o in model.opset_import if o.domain == MS_DOMAIN]
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("batch,seed", [(1, 31), (3, 32)])
 def test_rewritten_graphs_match_jax(exported, batch, seed):
     engine, graphs = exported

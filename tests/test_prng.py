@@ -271,6 +271,7 @@ def test_fold_in_matches_jax(ref):
             prng.fold_in(prng.prng_key(0), d)
 
 
+@pytest.mark.kernels
 def test_random_bits_and_uniforms_match_jax(ref):
     for s in SEEDS:
         key = prng.prng_key(s)
@@ -285,6 +286,7 @@ def test_random_bits_and_uniforms_match_jax(ref):
                                           err_msg=f"uniform seed {s} shape {shape}")
 
 
+@pytest.mark.kernels
 @pytest.mark.slow
 def test_every_uniform_normal_can_draw_maps_within_the_bound(ref):
     """All 2**23 values of normal()'s uniform through sqrt2 * erfinv: the uniforms bit for bit, the normals
@@ -297,6 +299,7 @@ def test_every_uniform_normal_can_draw_maps_within_the_bound(ref):
           f"(derived tolerance {normal_ulp_tolerance()})")
 
 
+@pytest.mark.kernels
 def test_normal_matches_jax_within_the_derived_bound(ref):
     worst = 0
     for s in SEEDS:
@@ -319,6 +322,7 @@ def _noise_uniforms(cfg, key, batch):
     return np.stack(out)
 
 
+@pytest.mark.kernels
 def test_octo_noise_matches_noise_from_rng(ref):
     cfg = PRESETS["octo-small"]()
     for s in NOISE_SEEDS:

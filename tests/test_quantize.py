@@ -65,6 +65,7 @@ def _calibration(name, rows):
     return quantize.Calibration(name, digest, lambda: rows, len(rows))
 
 
+@pytest.mark.kernels
 def test_tiny_octo_backbone_int8_has_qdq_runs_and_is_within_bound(tiny, tmp_path):
     engine, onnx, digest = tiny
     cal = _calibration("tiny synthetic", _tiny_feeds(engine.cfg, 6, seed=0))
@@ -110,6 +111,7 @@ def test_every_weight_product_is_quantized_and_attention_stays_float(tiny, tmp_p
     assert not any(n.op_type == "Gemm" for n in m.graph.node)  # plain Gemms became MatMuls (fusable)
 
 
+@pytest.mark.kernels
 def test_bc_state_int8_is_within_bound(tmp_path):
     pytest.importorskip("torch")
     from engines.bc_mlp import DEFAULT_WEIGHTS, export_onnx, load, numpy_forward
@@ -312,6 +314,7 @@ def subprocess_run_build(args):
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.kernels
 def test_activation_ranges_are_onnx_runtimes_minmax_over_every_feed_and_give_its_graph(tiny, tmp_path):
     """The ranges make engines computes are ONNX Runtime's own MinMax calibrator's over the same feeds, value for
     value, and the INT8 graph is the one quantize_static gives with that calibrator, byte for byte. (The build

@@ -31,15 +31,18 @@ class Executor(Protocol):
 
 
 def make_executor(kind: str, n: int, request, video_dir: str | None, *, step_timeout_s: float = STEP_TIMEOUT_S,
-                  address: str | None = None, gpus_per_actor: float = 0.0) -> Executor:
+                  address: str | None = None, gpus_per_actor: float = 0.0, episode_dir: str | None = None) -> Executor:
     """An executor of ``kind`` with ``n`` workers (processes or actors), each given the run's
-    :class:`eval.request.RunRequest`; WorkerError (one line) if it cannot start."""
+    :class:`eval.request.RunRequest`; WorkerError (one line) if it cannot start. ``episode_dir``: where every
+    try is staged as a dataset episode (eval.record; local workers, which share this machine's disk)."""
     if kind == "local":
         if address or gpus_per_actor:
             raise WorkerError("--address and --gpus-per-actor need --executor ray")
         from eval.executors.local import WorkerPool
 
-        return WorkerPool(n, request, video_dir, step_timeout_s=step_timeout_s)
+        return WorkerPool(n, request, video_dir, step_timeout_s=step_timeout_s, episode_dir=episode_dir)
+    if episode_dir is not None:
+        raise WorkerError("recording a dataset runs on the local executor (its workers write the episodes)")
     if kind == "ray":
         from eval.executors.ray_actors import RayPool
 

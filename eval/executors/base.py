@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable
 
 from env.setups import Setup
@@ -71,7 +72,7 @@ class TryWorker:
         from eval.rollout import Scenes, make_members
 
         r = self.request
-        cameras = job.video or r.observes == "cameras"
+        cameras = job.video or r.observes == "cameras" or r.record
         key = (job.setup.id, cameras)
         if key != self._key:
             if self.scenes is not None and self._key[0] == job.setup.id:
@@ -85,8 +86,10 @@ class TryWorker:
             self._key = key
         return self.scenes, self.members
 
-    def run(self, job: Job, on_step: Callable[[str], None] | None = None, video_path: str | None = None
-            ) -> BatchResult:
+    def run(self, job: Job, on_step: Callable[[str], None] | None = None, video_path: str | None = None,
+            episode_dir: str | None = None) -> BatchResult:
+        """The job's tries; with ``episode_dir`` each is staged there as a dataset episode (eval.record)."""
+        from eval.lerobot.episode import episode_name
         from eval.rollout import labelled, rollout
 
         from eval.policies.base import ConnectionLost
@@ -95,8 +98,10 @@ class TryWorker:
             scenes, members = self.prepare(job)
             if on_step is not None:
                 on_step("sim")  # from here on the watchdog times every stage of every control step
+            episodes = None if episode_dir is None else [
+                str(Path(episode_dir, episode_name(job.setup.id, t))) for t in job.try_indices()]
             return rollout(scenes, members, self.request.split, job.try_indices(), self.tasklist, on_step=on_step,
-                           videos=[video_path] if (job.video and video_path) else None)
+                           videos=[video_path] if (job.video and video_path) else None, episodes=episodes)
 
         try:
             records, batch = attempt()

@@ -34,7 +34,7 @@ _POLL_S = 0.2
 _ORPHAN_CHECK_S = 2.0  # an idle worker checks this often whether its parent still exists
 
 
-def _worker_main(worker_id, request, video_dir, jobs, results, heartbeat, stage_code):
+def _worker_main(worker_id, request, video_dir, episode_dir, jobs, results, heartbeat, stage_code):
     """Loop of one worker process: run jobs until a None job arrives."""
     from eval.policies.base import BadActionError
 
@@ -58,7 +58,7 @@ def _worker_main(worker_id, request, video_dir, jobs, results, heartbeat, stage_
                 break
             video_path = os.path.join(video_dir, video_file(job)) if job.video else None
             try:
-                result = worker.run(job, on_step=beat, video_path=video_path)
+                result = worker.run(job, on_step=beat, video_path=video_path, episode_dir=episode_dir)
             except BadActionError as e:
                 results.put(("error", worker_id, job, f"{job.setup.id} try {job.try_index}: {e}"))
                 return
@@ -73,9 +73,10 @@ def _worker_main(worker_id, request, video_dir, jobs, results, heartbeat, stage_
 
 
 class WorkerPool:
-    def __init__(self, n: int, request, video_dir: str | None, step_timeout_s: float = STEP_TIMEOUT_S):
+    def __init__(self, n: int, request, video_dir: str | None, step_timeout_s: float = STEP_TIMEOUT_S,
+                 episode_dir: str | None = None):
         self.ctx = mp.get_context("spawn")  # no forked simulator state
-        self.args = (request, video_dir)
+        self.args = (request, video_dir, episode_dir)
         self.step_timeout_s = step_timeout_s
         self.results = self.ctx.Queue()
         self.workers: dict[int, dict] = {}
