@@ -111,6 +111,14 @@ def _main(args: argparse.Namespace) -> int:
         except ValueError as e:
             return _fail(str(e))
     out = Path(args.out)
+    if args.push_to_hub and not args.fresh and (out / "meta" / "info.json").is_file():
+        # the dataset of this command is written and its upload failed: the same command uploads it
+        try:
+            check_same_recording(out, args)
+        except ValueError as e:
+            return _fail(str(e))
+        print(f"{out} holds this command's finished dataset: uploading it (nothing is recorded again)")
+        return _push(out, args)
     try:
         check_out(out, args.fresh)
     except ValueError as e:
@@ -138,16 +146,44 @@ def _main(args: argparse.Namespace) -> int:
     print(f"wrote the LeRobot v3.0 dataset {out}: {info['total_episodes']} episodes, {info['total_frames']} frames "
           f"at {info['fps']} fps")
     if args.push_to_hub:
-        from eval.lerobot.hub import push
-
-        try:
-            url = push(out, args.push_to_hub, private=args.private)
-        except Exception as e:  # noqa: BLE001 - the Hub's refusal (auth, network, name): one line
-            return _fail(f"the dataset is written in {out} but the upload to {args.push_to_hub} failed: "
-                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}; rerun with the same "
-                         f"--push-to-hub to upload it", 1)
-        print(f"pushed to {url}")
+        return _push(out, args) or outcome.rc
     return outcome.rc
+
+
+def check_same_recording(out: Path, args: argparse.Namespace) -> None:
+    """A finished dataset is this command's: the same model, arm, setups and tries (ValueError, one line)."""
+    import json
+
+    from env.setups import resolve_setups
+
+    try:
+        made = json.loads((out / "meta" / "recording.json").read_text())
+        asked = {"model": args.model, "arm": args.arm, "setups": list(resolve_setups(args.setups)),
+                 "tries_per_setup": args.tries}
+        differ = [k for k, v in asked.items() if made.get(k) != v]
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{out} holds a finished dataset whose meta/recording.json cannot be read "
+                         f"({' '.join(str(e).split())}); use --fresh to record it again") from None
+    if differ:
+        raise ValueError(f"{out} holds a finished dataset of another recording ({', '.join(differ)} differ); use "
+                         f"--fresh to record this one, or another --out")
+
+
+def _push(out: Path, args: argparse.Namespace) -> int:
+    """Upload the finished dataset ``out`` to ``--push-to-hub``: 0, or 1 and one line (the dataset stays)."""
+    from eval.lerobot.hub import push
+
+    try:
+        url = push(out, args.push_to_hub, private=args.private)
+    except Exception as e:  # noqa: BLE001 - the Hub's refusal (auth, network, name): one line
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        server = getattr(e, "server_message", None)  # the Hub's own words (huggingface_hub's HfHubHTTPError)
+        if server and server not in detail:
+            detail += f" ({' '.join(str(server).split())})"
+        return _fail(f"the dataset is written in {out} but the upload to {args.push_to_hub} failed: {detail}; "
+                     f"rerun the same command to upload it", 1)
+    print(f"pushed to {url}")
+    return 0
 
 
 def assemble(out: Path, request) -> dict:

@@ -89,9 +89,10 @@ else
     "$py310" -m venv "$VENV" || fail "$py310 -m venv $VENV failed"
     constraints="$VENV/pip-constraints.txt"
     printf 'numpy<2\n' > "$constraints"
-    # (a machine whose pip config names local indexes warns of each package they lack: those lines are dropped)
+    # (a machine whose pip config names local indexes warns of each package they lack: those lines are dropped;
+    # --no-compile: the stand-in imports a small part of what it installs, and Python compiles what it imports)
     vpip() {
-        PIP_CONSTRAINT="$constraints" "$VENV/bin/python" -m pip install -q --progress-bar off "$@" \
+        PIP_CONSTRAINT="$constraints" "$VENV/bin/python" -m pip install -q --no-compile --progress-bar off "$@" \
             2> >(grep -v "^WARNING: Location 'file:" >&2)
     }
     vpip --upgrade pip setuptools wheel || fail "venv: pip upgrade failed"
