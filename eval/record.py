@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1, help="worker processes, each with its own scene")
     p.add_argument("--step-timeout", type=float, default=None,
                    help="seconds a policy query or a step's physics may take before the try is stopped as hung")
+    p.add_argument("--max-steps", type=int, metavar="N",
+                   help="a smoke recording: cut every try at N control steps (meta/recording.json and the dataset "
+                        "card say so); episodes cut short are no demonstrations to train on")
     add_model_arguments(p)
     p.add_argument("--out", required=True, help="the dataset folder")
     p.add_argument("--fresh", action="store_true", help="discard the dataset or recording OUT holds and start over")
@@ -132,7 +135,7 @@ def _main(args: argparse.Namespace) -> int:
     run_args.out = str(out / RECORDING_DIR)
     run_args.record, run_args.fresh = True, False
     for name, value in (("executor", "local"), ("address", None), ("gpus_per_actor", 0.0), ("video", 0),
-                        ("num_envs", 1), ("sim", "cpu"), ("replay_latency", None), ("max_steps", None)):
+                        ("num_envs", 1), ("sim", "cpu"), ("replay_latency", None)):
         setattr(run_args, name, value)
     outcome = eval_run.run(run_args)
     if outcome.rc not in (0, eval_run.EXIT_HUNG):
@@ -159,7 +162,7 @@ def check_same_recording(out: Path, args: argparse.Namespace) -> None:
     try:
         made = json.loads((out / "meta" / "recording.json").read_text())
         asked = {"model": args.model, "arm": args.arm, "setups": list(resolve_setups(args.setups)),
-                 "tries_per_setup": args.tries}
+                 "tries_per_setup": args.tries, "max_steps": args.max_steps}
         differ = [k for k, v in asked.items() if made.get(k) != v]
     except (OSError, ValueError) as e:
         raise ValueError(f"{out} holds a finished dataset whose meta/recording.json cannot be read "
@@ -216,7 +219,7 @@ def assemble(out: Path, request) -> dict:
         print(f"left out of the dataset (did not finish): {', '.join(left_out)}", file=sys.stderr)
     meta = {"format": "shape-assembly-bench/recording/1", "model": request.model.name, "track": request.track,
             "options": request.options(), "split": request.split, "arm": request.arm,
-            "setups": [s.id for s in request.setups], "tries_per_setup": request.tries,
+            "setups": [s.id for s in request.setups], "tries_per_setup": request.tries, "max_steps": request.max_steps,
             "tasklist_sha256": records[(request.setups[0].id, 0)].get("tasklist_sha256"),
             "appearance": APPEARANCE_VERSION, "left_out": left_out}
     with tqdm(total=len(sources), unit="episode", desc="dataset") as bar:

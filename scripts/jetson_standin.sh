@@ -47,13 +47,8 @@ say() { echo "jetson stand-in: $*"; }
 fail() { echo "jetson stand-in: FAILED: $*" >&2; exit 1; }
 
 # ------------------------------------------------------------------ Python 3.10
-py310=""
-for cand in python3.10 "$(pyenv root 2>/dev/null || echo /nonexistent)"/versions/3.10*/bin/python3.10; do
-    if "$cand" -c 'import sys; assert sys.version_info[:2] == (3, 10)' >/dev/null 2>&1; then
-        py310="$(command -v "$cand")"
-        break
-    fi
-done
+source "$REPO/scripts/find_python.sh"
+py310="$(find_python 3.10)"
 if [[ -z "$py310" ]]; then
     say "skipped: no Python 3.10 here"
     exit 0
@@ -89,10 +84,9 @@ else
     "$py310" -m venv "$VENV" || fail "$py310 -m venv $VENV failed"
     constraints="$VENV/pip-constraints.txt"
     printf 'numpy<2\n' > "$constraints"
-    # (a machine whose pip config names local indexes warns of each package they lack: those lines are dropped;
-    # --no-compile: the stand-in imports a small part of what it installs, and Python compiles what it imports)
+    # (a machine whose pip config names local indexes warns of each package they lack: those lines are dropped)
     vpip() {
-        PIP_CONSTRAINT="$constraints" "$VENV/bin/python" -m pip install -q --no-compile --progress-bar off "$@" \
+        PIP_CONSTRAINT="$constraints" "$VENV/bin/python" -m pip install -q --progress-bar off "$@" \
             2> >(grep -v "^WARNING: Location 'file:" >&2)
     }
     vpip --upgrade pip setuptools wheel || fail "venv: pip upgrade failed"

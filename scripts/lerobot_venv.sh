@@ -21,13 +21,8 @@ INSTALL=("$LEROBOT_SPEC" "datasets>=4.8.0,<5.0.0" "pandas>=2.0.0,<3.0.0" "pyarro
 say() { echo "lerobot venv: $*"; }
 fail() { echo "lerobot venv: FAILED: $*" >&2; exit 1; }
 
-py312=""
-for cand in python3.12 "$(pyenv root 2>/dev/null || echo /nonexistent)"/versions/3.12*/bin/python3.12; do
-    if "$cand" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then
-        py312="$(command -v "$cand")"
-        break
-    fi
-done
+source "$REPO/scripts/find_python.sh"
+py312="$(find_python 3.12)"
 if [[ -z "$py312" ]]; then
     say "skipped: no Python 3.12 here (LeRobot 0.5+ needs it); the LeRobot reader test will skip"
     exit 0
@@ -41,8 +36,9 @@ fi
 rm -rf "$VENV"
 t0=$SECONDS
 "$py312" -m venv "$VENV" || fail "could not create $VENV with $py312"
-# --no-compile: the reader imports a small part of torch and lerobot, and Python compiles what it imports
-"$VENV/bin/python" -m pip install -q --no-compile "${INSTALL[@]}" || fail "pip install ${INSTALL[*]} failed"
+# (byte-compiled at install, as pip does: where PYTHONDONTWRITEBYTECODE is set, as on CI's machines, a module left
+# uncompiled is compiled again by every process that imports it)
+"$VENV/bin/python" -m pip install -q "${INSTALL[@]}" || fail "pip install ${INSTALL[*]} failed"
 "$VENV/bin/python" -m pip uninstall -q -y triton torchcodec >/dev/null 2>&1  # nothing here compiles kernels
 "$VENV/bin/python" -c "from lerobot.datasets.lerobot_dataset import LeRobotDataset" \
     || fail "lerobot installed in $VENV but its LeRobotDataset does not import"

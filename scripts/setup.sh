@@ -149,7 +149,7 @@ mesa_step
 if "$PY" -c 'import torch' >/dev/null 2>&1; then
     say "torch: skipped (found torch $("$PY" -c 'import torch; print(torch.__version__)'))"
 elif [[ "$(uname -s)" == "Linux" && "$(uname -m)" == "x86_64" ]]; then
-    "$PY" -m pip install -q --no-compile "$TORCH_SPEC"
+    "$PY" -m pip install -q "$TORCH_SPEC"
     say "torch: installed $TORCH_SPEC (CPU wheel) into $PY"
 else
     die "torch is missing for $PY on $(uname -s)/$(uname -m): install the torch build for your platform first (on Jetson: NVIDIA's JetPack wheel), then re-run make setup"
@@ -201,13 +201,11 @@ if [[ "$installed_here" == "1" && -f "$STAMP" && ! "$REPO/setup.py" -nt "$STAMP"
     && [[ "$(cat "$STAMP")" == "$stamp_text" ]]; then
     say "install: skipped (editable install of $REPO is current)"
 else
-    # --no-compile: 21k modules byte-compiled at install cost a CPU-minute; Python writes the bytecode of what it
-    # imports, once, on first import (the venv is the user's)
-    "$PY" -m pip install -q --no-compile -e "$REPO[$EXTRAS]" "${constraints[@]}"
+    "$PY" -m pip install -q -e "$REPO[$EXTRAS]" "${constraints[@]}"
     # openpi's client (the remote tests talk to eval.serve with it) declares numpy<2, which JAX here cannot
     # have; the modules it uses need only websockets and msgpack (the remote extra), so it goes in without deps
     if [[ ",$EXTRAS," == *",remote,"* ]]; then
-        "$PY" -m pip install -q --no-compile --no-deps openpi-client "${constraints[@]}"
+        "$PY" -m pip install -q --no-deps openpi-client "${constraints[@]}"
     fi
     printf '%s' "$stamp_text" > "$STAMP"
     say "install: pip install -e \".[$EXTRAS]\" ${constraints[*]:-(unlocked)} done"

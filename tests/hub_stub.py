@@ -50,7 +50,23 @@ def repo_from_folders(folders: dict[str, Path], refs: dict[str, str]) -> StubRep
                      for c, f in folders.items()}, dict(refs))
 
 
-class StubHub:
+class LoopbackServers:
+    """HTTP servers of this process on loopback (``_servers``), each served by a thread from ``with`` on."""
+
+    _servers: list[ThreadingHTTPServer]
+
+    def __enter__(self):
+        for s in self._servers:
+            threading.Thread(target=s.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s in self._servers:
+            s.shutdown()
+            s.server_close()
+
+
+class StubHub(LoopbackServers):
     """The Hub (``url``) and its CDN (another origin), each a thread of this process."""
 
     def __init__(self, repos: dict[str, StubRepo]):
@@ -60,16 +76,6 @@ class StubHub:
                       for files in repo.commits.values() for name, data in files.items() if repo.is_lfs(name)}
         self._servers = [ThreadingHTTPServer(("127.0.0.1", 0), self._handler(cdn)) for cdn in (False, True)]
         self.url, self.cdn_url = (f"http://127.0.0.1:{s.server_address[1]}" for s in self._servers)
-
-    def __enter__(self) -> "StubHub":
-        for s in self._servers:
-            threading.Thread(target=s.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s in self._servers:
-            s.shutdown()
-            s.server_close()
 
     # ------------------------------------------------------------ answers
     def _handler(self, cdn: bool):

@@ -68,6 +68,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
+from tests.hub_stub import LoopbackServers
+
 REPO_TYPES = {"model": "", "dataset": "datasets/", "space": "spaces/"}  # constants.REPO_TYPES_URL_PREFIXES
 LFS_THRESHOLD = 10 * 1024 * 1024  # the Hub stores a file of 10 MB or more with LFS whatever its name
 # The head of the .gitattributes the Hub commits in a new dataset repo (the LFS patterns a dataset meets)
@@ -130,7 +132,7 @@ class HttpError(Exception):
         self.status, self.message, self.code, self.body = status, message, code, body
 
 
-class UploadHub:
+class UploadHub(LoopbackServers):
     """The Hub (``url``) and its LFS storage (``storage_url``, another origin), each a thread of this process.
 
     ``tokens``: the tokens the Hub knows (any other is refused 401, as a bad token is); ``lfs``: answer the preupload
@@ -149,16 +151,6 @@ class UploadHub:
         self._ids = itertools.count(1)
         self._servers = [ThreadingHTTPServer(("127.0.0.1", 0), self._handler(origin)) for origin in ("hub", "storage")]
         self.url, self.storage_url = (f"http://127.0.0.1:{s.server_address[1]}" for s in self._servers)
-
-    def __enter__(self) -> "UploadHub":
-        for s in self._servers:
-            threading.Thread(target=s.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s in self._servers:
-            s.shutdown()
-            s.server_close()
 
     def repo(self, repo_id: str, repo_type: str = "dataset") -> Repo:
         return self.repos[(repo_type, repo_id)]

@@ -365,7 +365,7 @@ def test_setup_on_jetpack6_skips_the_lock_and_the_extras_that_cannot_install(tmp
         "applied; extras jetson,trt,dev (no sim: mplib; no export, jax: numpy>=2); constraints numpy<2 "
         "cuda-python<13 torch==2.5.0a0+872d972e41.nv24.08"], proc.stdout
     constraints = repo / "build" / "aarch64-constraints.txt"
-    assert pip == [f"install -q --no-compile -e {repo}[jetson,trt,dev] -c {constraints}"]  # no openpi-client (no remote extra)
+    assert pip == [f"install -q -e {repo}[jetson,trt,dev] -c {constraints}"]  # no openpi-client (no remote extra)
     assert "lock.txt" not in " ".join(pip)
     assert constraints.read_text().split() == ["numpy<2", "cuda-python<13", "torch==2.5.0a0+872d972e41.nv24.08"]
     # the extras are the image's: no sim (mplib), export or jax (numpy >= 2)
@@ -377,7 +377,7 @@ def test_setup_on_aarch64_without_l4t_takes_the_jetpack6_way(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "[setup] aarch64 (L4T Rnone, Python 3.10), the JetPack 6 way:" in proc.stdout
     constraints = repo / "build" / "aarch64-constraints.txt"
-    assert pip == [f"install -q --no-compile -e {repo}[jetson,trt,dev] -c {constraints}"]
+    assert pip == [f"install -q -e {repo}[jetson,trt,dev] -c {constraints}"]
 
 
 def test_setup_on_jetpack7_installs_the_whole_chain_without_the_lock(tmp_path):
@@ -387,7 +387,7 @@ def test_setup_on_jetpack7_installs_the_whole_chain_without_the_lock(tmp_path):
             "not applied; extras jetson,trt,dev,export,jax (the whole chain, export and jax included; no sim: "
             "mplib); constraints torch==2.12.0") in proc.stdout
     constraints = repo / "build" / "aarch64-constraints.txt"
-    assert pip == [f"install -q --no-compile -e {repo}[jetson,trt,dev,export,jax] -c {constraints}"]
+    assert pip == [f"install -q -e {repo}[jetson,trt,dev,export,jax] -c {constraints}"]
     assert constraints.read_text().split() == ["torch==2.12.0"]  # numpy >= 2 and cuda-python 13 allowed
 
 
@@ -423,8 +423,8 @@ def test_setup_on_x86_still_applies_the_lock_and_every_extra(tmp_path):
     proc, pip, repo = run_setup(tmp_path, "x86_64", py_minor=11, release=None)
     assert proc.returncode == 0, proc.stderr
     lock = repo / "requirements" / "lock.txt"
-    assert pip == [f"install -q --no-compile -e {repo}[sim,export,jax,ray,dev,remote,dataset] -c {lock}",
-                   f"install -q --no-compile --no-deps openpi-client -c {lock}"]
+    assert pip == [f"install -q -e {repo}[sim,export,jax,ray,dev,remote,dataset] -c {lock}",
+                   f"install -q --no-deps openpi-client -c {lock}"]
     assert "aarch64" not in proc.stdout and not (repo / "build" / "aarch64-constraints.txt").exists()
     assert f'[setup] install: pip install -e ".[sim,export,jax,ray,dev,remote,dataset]" -c {lock} done' in proc.stdout
 

@@ -191,6 +191,7 @@ def test_a_finished_dataset_is_refused_unless_fresh(dataset):
     (["--private"], "--private needs --push-to-hub"),
     (["--tries", "0"], "--tries must be at least 1"),
     (["--tries", "101"], "the train task list has 100 tries of A01"),
+    (["--max-steps", "0"], "--max-steps must be at least 1 (control steps per try), got 0"),
 ])
 def test_bad_requests_are_one_line(args, message, tmp_path):
     proc = _record("--setups", "A01", "--out", str(tmp_path / "ds"), *args, timeout=120)
@@ -211,9 +212,10 @@ def test_a_folder_that_is_not_a_recording_is_refused(tmp_path):
 
 def test_a_killed_recording_resumes_without_a_torn_episode(tmp_path):
     """Ctrl-C once the first try is recorded: the second, cut off mid-way, is recorded again from its start on
-    the rerun; the first is not run again; the dataset holds both, whole."""
+    the rerun; the first is not run again; the dataset holds both, whole. A smoke recording (tries cut at 40
+    steps): the staging and the resume are those of whole tries."""
     out = tmp_path / "ds"
-    cmd = [sys.executable, "-m", "eval.record", "--setups", "A01", "--tries", "2", "--out", str(out)]
+    cmd = [sys.executable, "-m", "eval.record", "--setups", "A01", "--tries", "2", "--max-steps", "40", "--out", str(out)]
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     tries = out / "recording/tries.jsonl"
@@ -243,6 +245,9 @@ def test_a_killed_recording_resumes_without_a_torn_episode(tmp_path):
     episodes = _table(out / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
     assert [(e["try_index"], e["length"]) for e in episodes] == [(r["try"], r["steps"]) for r in records]
     assert tries.read_text().startswith(first)  # try 0 was not run again
+    assert all(r["steps"] == 40 and r["max_steps"] == 40 for r in records)
+    assert json.loads((out / "meta/recording.json").read_text())["max_steps"] == 40
+    assert "every try cut at 40 control steps" in (out / "README.md").read_text()
 
 
 LEROBOT_VENV_WAIT_S = 900
@@ -307,3 +312,16 @@ def test_lerobot_reads_the_dataset_with_its_own_reader(dataset):
             assert img["shape"] == [3, h, w] and img["dtype"] == "torch.float32"
             ours = decoded[key][i].astype(np.float64).mean(axis=(0, 1)) / 255.0
             np.testing.assert_allclose(img["mean_rgb"], ours, atol=2 / 255)  # the same frame, whichever FFmpeg
+
+
+def test_the_lerobot_venv_script_skips_with_the_reason_where_there_is_no_python_3_12(tmp_path):
+    import shutil
+
+    path = "/usr/bin:/bin"
+    if shutil.which("python3.12", path=path):
+        pytest.skip("this machine has a python3.12 in /usr/bin: the script would build its venv")
+    proc = subprocess.run(["bash", str(REPO_ROOT / "scripts/lerobot_venv.sh")], env={"PATH": path, "HOME": str(tmp_path)},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == ("lerobot venv: skipped: no Python 3.12 here (LeRobot 0.5+ needs it); the LeRobot "
+                                   "reader test will skip")

@@ -45,8 +45,9 @@ def _record(hub: UploadHub, out: Path, hf_home: Path, *extra: str, token: str = 
     env.update(HF_ENDPOINT=hub.url, HF_TOKEN=token, HF_HOME=str(hf_home))
     if not xet:
         env["HF_HUB_DISABLE_XET"] = "1"
-    return subprocess.run([sys.executable, "-m", "eval.record", "--setups", "A01", "--tries", "1", "--out", str(out),
-                           "--push-to-hub", REPO, *extra], cwd=REPO_ROOT, capture_output=True, text=True, env=env,
+    # a smoke recording (one try cut at 20 steps): what is pushed is the folder's files, whatever the tries were
+    return subprocess.run([sys.executable, "-m", "eval.record", "--setups", "A01", "--tries", "1", "--max-steps", "20",
+                           "--out", str(out), "--push-to-hub", REPO, *extra], cwd=REPO_ROOT, capture_output=True, text=True, env=env,
                           timeout=600)
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from eval.lerobot import CODEBASE_VERSION
 from eval.lerobot.episode import CAMERAS, QUANTILES, read_staged
+from eval.video import VIDEO_CODEC_NAME, VIDEO_PIX_FMT
 
 # LeRobot's defaults (datasets/utils.py DEFAULT_CHUNK_SIZE, DEFAULT_DATA_FILE_SIZE_IN_MB, DEFAULT_VIDEO_FILE_SIZE_IN_MB,
 # DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH, DEFAULT_EPISODES_PATH)
@@ -146,7 +147,7 @@ def features(state_names: Sequence[str], frame_sizes: dict[str, Sequence[int]], 
         h, w = frame_sizes[camera]
         out[video_key(camera)] = {
             "dtype": "video", "shape": [h, w, 3], "names": ["height", "width", "channels"],
-            "info": {"video.height": h, "video.width": w, "video.codec": "h264", "video.pix_fmt": "yuv420p",
+            "info": {"video.height": h, "video.width": w, "video.codec": VIDEO_CODEC_NAME, "video.pix_fmt": VIDEO_PIX_FMT,
                      "video.is_depth_map": False, "video.fps": fps, "video.channels": 3, "has_audio": False}}
     out["observation.state"] = {"dtype": "float32", "shape": [len(state_names)], "names": list(state_names)}
     out["action"] = {"dtype": "float32", "shape": [len(ACTION_NAMES)], "names": list(ACTION_NAMES)}
@@ -186,7 +187,9 @@ def _card(info: dict[str, Any], recording: dict[str, Any]) -> str:
             f"Tries of `{recording['model']}` on the {recording['split']} split of the shape-assembly benchmark "
             f"({recording['arm']} arm, setups {', '.join(recording['setups'])}), recorded by "
             f"`python -m eval.record`: {info['total_episodes']} episodes, {info['total_frames']} frames at "
-            f"{info['fps']} fps, {recording['successful_episodes']} successful. Both cameras are video features; "
+            f"{info['fps']} fps, {recording['successful_episodes']} successful"
+            + (f" (a smoke recording: every try cut at {recording['max_steps']} control steps)"
+               if recording.get("max_steps") else "") + ". Both cameras are video features; "
             "`meta/episodes` adds each try's setup, try index, seed, success and flags; `meta/recording.json` "
             "names the task list (sha256) the starts came from.\n\n"
             "```json\n" + json.dumps(info, indent=2) + "\n```\n")

@@ -26,17 +26,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from eval.policies.base import ACTION_BOUND
+from eval.video import video_writer
 
 CAMERAS = ("third_person", "wrist")  # the (third-person, wrist) frames of eval.rollout.Scenes.frames
 EPISODE_FILE = "episode.json"
 STEPS_FILE = "steps.npz"
 STAGED_VERSION = 1
-# LeRobot's RGB encoder keeps a keyframe every 2 frames for random access in training
-# (configs/video.py RGBEncoderConfig g=2); H.264 at CRF 23 is x264's own default quality
-VIDEO_CODEC = "libx264"
-VIDEO_GOP = 2
-VIDEO_CRF = 23
-VIDEO_PIX_FMT = "yuv420p"
 # image statistics from every 4th frame's every 4th pixel row and column: about 1/64 of a try's pixels
 STATS_FRAME_STRIDE = 4
 STATS_PIXEL_STRIDE = 4
@@ -49,18 +44,6 @@ class StagedEpisodeError(ValueError):
 
 def episode_name(setup_id: str, try_index: int) -> str:
     return f"{setup_id}_try{try_index:03d}"
-
-
-def video_writer(path: str | Path, width: int, height: int, fps: int):
-    """An H.264 writer (the settings above) taking RGB uint8 frames; ``send(frame)`` each, ``close()`` at the end."""
-    import imageio_ffmpeg
-
-    writer = imageio_ffmpeg.write_frames(
-        str(path), (width, height), fps=fps, codec=VIDEO_CODEC, pix_fmt_out=VIDEO_PIX_FMT, quality=None,
-        macro_block_size=2, ffmpeg_log_level="error",
-        output_params=["-crf", str(VIDEO_CRF), "-g", str(VIDEO_GOP), "-bf", "0", "-movflags", "+faststart"])
-    writer.send(None)  # start the generator
-    return writer
 
 
 class EpisodeRecording:
