@@ -53,11 +53,11 @@ SLOW_FIRST = [
     "tests/test_predicate_v2.py",
     "tests/test_run_harness.py",
     "tests/test_record_faults.py",
-    "tests/test_record.py",
     "tests/test_cli_faults.py",
     "tests/test_device_check.py",
     "tests/test_ray_executor.py",
     "tests/test_hub.py",
+    "tests/test_record.py",  # after most: it may wait for LeRobot's venv, which CI builds from the end of make setup
     "tests/test_scene.py",
     "tests/test_engines_folder.py",
     "tests/test_imports_cli.py",
