@@ -48,6 +48,7 @@ fail() { echo "jetson stand-in: FAILED: $*" >&2; exit 1; }
 
 # ------------------------------------------------------------------ Python 3.10
 source "$REPO/scripts/find_python.sh"
+source "$REPO/scripts/pip_compile.sh"
 py310="$(find_python 3.10)"
 if [[ -z "$py310" ]]; then
     say "skipped: no Python 3.10 here"
@@ -86,7 +87,7 @@ else
     printf 'numpy<2\n' > "$constraints"
     # (a machine whose pip config names local indexes warns of each package they lack: those lines are dropped)
     vpip() {
-        PIP_CONSTRAINT="$constraints" "$VENV/bin/python" -m pip install -q --progress-bar off "$@" \
+        PIP_CONSTRAINT="$constraints" "$VENV/bin/python" -m pip install -q --progress-bar off "${PIP_COMPILE[@]}" "$@" \
             2> >(grep -v "^WARNING: Location 'file:" >&2)
     }
     vpip --upgrade pip setuptools wheel || fail "venv: pip upgrade failed"

@@ -22,6 +22,7 @@ say() { echo "lerobot venv: $*"; }
 fail() { echo "lerobot venv: FAILED: $*" >&2; exit 1; }
 
 source "$REPO/scripts/find_python.sh"
+source "$REPO/scripts/pip_compile.sh"
 py312="$(find_python 3.12)"
 if [[ -z "$py312" ]]; then
     say "skipped: no Python 3.12 here (LeRobot 0.5+ needs it); the LeRobot reader test will skip"
@@ -36,9 +37,7 @@ fi
 rm -rf "$VENV"
 t0=$SECONDS
 "$py312" -m venv "$VENV" || fail "could not create $VENV with $py312"
-# (byte-compiled at install, as pip does: where PYTHONDONTWRITEBYTECODE is set, as on CI's machines, a module left
-# uncompiled is compiled again by every process that imports it)
-"$VENV/bin/python" -m pip install -q "${INSTALL[@]}" || fail "pip install ${INSTALL[*]} failed"
+"$VENV/bin/python" -m pip install -q "${PIP_COMPILE[@]}" "${INSTALL[@]}" || fail "pip install ${INSTALL[*]} failed"
 "$VENV/bin/python" -m pip uninstall -q -y triton torchcodec >/dev/null 2>&1  # nothing here compiles kernels
 "$VENV/bin/python" -c "from lerobot.datasets.lerobot_dataset import LeRobotDataset" \
     || fail "lerobot installed in $VENV but its LeRobotDataset does not import"

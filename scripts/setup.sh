@@ -20,6 +20,7 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$REPO/scripts/pip_compile.sh"
 cd "$REPO"
 
 MESA_MIN="${MESA_MIN:-24.3}"   # overridable only to exercise the apt path
@@ -44,7 +45,7 @@ if [[ -z "${PYTHON:-}" ]]; then
             || die "python3 at $BASE_PY is older than 3.10"
         /usr/bin/env python3 -m venv "$REPO/.venv" \
             || die "python3 -m venv failed (on Debian/Ubuntu: apt-get install python3-venv)"
-        "$PY" -m pip install -q --upgrade pip
+        "$PY" -m pip install -q "${PIP_COMPILE[@]}" --upgrade pip
         say "venv: created $REPO/.venv with $BASE_PY ($("$PY" -V 2>&1))"
     fi
 else
@@ -149,7 +150,7 @@ mesa_step
 if "$PY" -c 'import torch' >/dev/null 2>&1; then
     say "torch: skipped (found torch $("$PY" -c 'import torch; print(torch.__version__)'))"
 elif [[ "$(uname -s)" == "Linux" && "$(uname -m)" == "x86_64" ]]; then
-    "$PY" -m pip install -q "$TORCH_SPEC"
+    "$PY" -m pip install -q "${PIP_COMPILE[@]}" "$TORCH_SPEC"
     say "torch: installed $TORCH_SPEC (CPU wheel) into $PY"
 else
     die "torch is missing for $PY on $(uname -s)/$(uname -m): install the torch build for your platform first (on Jetson: NVIDIA's JetPack wheel), then re-run make setup"
@@ -201,11 +202,11 @@ if [[ "$installed_here" == "1" && -f "$STAMP" && ! "$REPO/setup.py" -nt "$STAMP"
     && [[ "$(cat "$STAMP")" == "$stamp_text" ]]; then
     say "install: skipped (editable install of $REPO is current)"
 else
-    "$PY" -m pip install -q -e "$REPO[$EXTRAS]" "${constraints[@]}"
+    "$PY" -m pip install -q "${PIP_COMPILE[@]}" -e "$REPO[$EXTRAS]" "${constraints[@]}"
     # openpi's client (the remote tests talk to eval.serve with it) declares numpy<2, which JAX here cannot
     # have; the modules it uses need only websockets and msgpack (the remote extra), so it goes in without deps
     if [[ ",$EXTRAS," == *",remote,"* ]]; then
-        "$PY" -m pip install -q --no-deps openpi-client "${constraints[@]}"
+        "$PY" -m pip install -q "${PIP_COMPILE[@]}" --no-deps openpi-client "${constraints[@]}"
     fi
     printf '%s' "$stamp_text" > "$STAMP"
     say "install: pip install -e \".[$EXTRAS]\" ${constraints[*]:-(unlocked)} done"

@@ -328,10 +328,14 @@ JETPACK72_RELEASE = "# R39 (release), REVISION: 2.0, GCID: 1, BOARD: generic, EA
 
 
 def run_setup(tmp_path: Path, arch: str, py_minor: int = 10, release: str | None = JETPACK6_RELEASE,
-              torch: str = "2.5.0a0+872d972e41.nv24.08") -> tuple[subprocess.CompletedProcess, list[str], Path]:
+              torch: str = "2.5.0a0+872d972e41.nv24.08", writes_bytecode: bool = False,
+              ) -> tuple[subprocess.CompletedProcess, list[str], Path]:
+    """setup.sh in a copy of the skeleton; PYTHONDONTWRITEBYTECODE set (as on this machine) unless
+    ``writes_bytecode``."""
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
-    (repo / "scripts" / "setup.sh").write_text((ROOT / "scripts" / "setup.sh").read_text())
+    for script in ("setup.sh", "pip_compile.sh"):  # setup.sh and what it sources
+        (repo / "scripts" / script).write_text((ROOT / "scripts" / script).read_text())
     (repo / "requirements").mkdir()
     (repo / "requirements" / "lock.txt").write_text((ROOT / "requirements" / "lock.txt").read_text())
     (repo / "setup.py").write_text((ROOT / "setup.py").read_text())
@@ -351,6 +355,8 @@ def run_setup(tmp_path: Path, arch: str, py_minor: int = 10, release: str | None
     env = {"PATH": f"{fakebin}:/usr/bin:/bin", "HOME": str(tmp_path), "SKIP_APT": "1",
            "PYTHON": str(fakebin / "python-fake"), "FAKE_ARCH": arch, "FAKE_PY_MINOR": str(py_minor),
            "FAKE_TORCH": torch, "FAKE_PIP_LOG": str(log), "NV_TEGRA_RELEASE": str(tegra)}
+    if not writes_bytecode:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
     proc = subprocess.run(["bash", str(repo / "scripts" / "setup.sh")], env=env, capture_output=True, text=True,
                           timeout=60)
     return proc, [ln for ln in log.read_text().splitlines() if not ln.startswith("show ")], repo
@@ -427,6 +433,16 @@ def test_setup_on_x86_still_applies_the_lock_and_every_extra(tmp_path):
                    f"install -q --no-deps openpi-client -c {lock}"]
     assert "aarch64" not in proc.stdout and not (repo / "build" / "aarch64-constraints.txt").exists()
     assert f'[setup] install: pip install -e ".[sim,export,jax,ray,dev,remote,dataset]" -c {lock} done' in proc.stdout
+
+
+def test_setup_leaves_byte_compiling_to_python_where_python_writes_bytecode(tmp_path):
+    """scripts/pip_compile.sh: with PYTHONDONTWRITEBYTECODE unset, pip installs without compiling (a module is
+    compiled once, by the first process importing it); with it set (above), pip compiles as by default."""
+    proc, pip, repo = run_setup(tmp_path, "x86_64", py_minor=11, release=None, writes_bytecode=True)
+    assert proc.returncode == 0, proc.stderr
+    lock = repo / "requirements" / "lock.txt"
+    assert pip == [f"install -q --no-compile -e {repo}[sim,export,jax,ray,dev,remote,dataset] -c {lock}",
+                   f"install -q --no-compile --no-deps openpi-client -c {lock}"]
 
 
 # ------------------------------------------------------------------------ scripts/jetson_standin.sh (CI's stand-in)
