@@ -5,7 +5,8 @@ Models, written here so that they load their files unchanged:
 - :mod:`engines.octo`: Octo 1.5 (octo-small-1.5, octo-base-1.5) in JAX, loading the
   released checkpoints; its observation backbone and denoising step are plain
   functions, ready for ONNX export;
-- :mod:`engines.bc_mlp`: the bc-state MLP (safetensors, strict loading).
+- :mod:`engines.bc_mlp`: the bc-state MLP (safetensors, strict loading);
+- :mod:`engines.bc_camera`: the bc-camera network on both cameras (safetensors, strict loading).
 
 Exports and backends: :mod:`engines.backends` (the one factory from an ONNX
 graph and a backend spec to a runner), :mod:`engines.folder` (the engines

@@ -26,6 +26,7 @@ where exports and engines are cached is :mod:`engines.cache`.
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,10 +55,39 @@ MODEL_RUNTIMES = {
     # a 0.3 MB MLP: fp16 would save nothing measurable and cost sub-millimetre precision; one ORT thread at
     # batch 1 (workers share the cores, more threads gain nothing)
     "bc-state": FamilyRuntime(("ort", "trt", "torch"), trt_precision="fp32", trt_batch_max=256, ort_threads=1),
+    # 30 MFLOP a query of small convolutions: fp16 on the Orin's tensor cores (device_check compares it with
+    # fp32); one ORT thread, as bc-state's (the workers share the cores)
+    "bc-camera": FamilyRuntime(("ort", "trt", "torch"), trt_precision="fp16", trt_batch_max=64, ort_threads=1),
     # fp16: the Orin's fast path (device_check compares it with fp32)
     "octo": FamilyRuntime(("jax", "ort", "trt"), trt_precision="fp16", trt_batch_max=64, ort_sampler_threads=1),
 }
 MODEL_BACKENDS = {family: r.backends for family, r in MODEL_RUNTIMES.items()}
+
+
+@dataclass(frozen=True)
+class WeightsFileModel:
+    """A model of one safetensors file of the project (bc-state, bc-camera): the module that loads, exports and
+    runs it (``DEFAULT_WEIGHTS``, ``load``, ``export_onnx``, ``onnx_for_weights``, ``torch_outputs``), its graph's
+    stem in the engines folder, and the command that trains the weights where the file is missing."""
+
+    module: str
+    stem: str
+    train: str
+
+    def code(self) -> types.ModuleType:
+        import importlib
+
+        return importlib.import_module(self.module)
+
+    def weights(self) -> Path:
+        return Path(self.code().DEFAULT_WEIGHTS)  # read when asked: tests point it at a file of their own
+
+
+WEIGHTS_FILE_MODELS = {
+    "bc-state": WeightsFileModel("engines.bc_mlp", "bc_state", "python -m eval.training.train_bc"),
+    "bc-camera": WeightsFileModel("engines.bc_camera", "bc_camera", "python -m eval.training.train_bc_camera "
+                                  "--datasets DIR (DIR: demonstrations recorded by python -m eval.record)"),
+}
 
 
 class BackendUnavailable(ValueError):
@@ -144,7 +174,8 @@ def model_backend(model: str, backend: str | None = None) -> str:
     no such backend."""
     family = model_family(model)
     if family not in MODEL_BACKENDS:
-        raise ValueError(f"no runner for model {model!r}; models with runners: bc-state, octo-small, octo-base")
+        raise ValueError(f"no runner for model {model!r}; models with runners: bc-state, bc-camera, octo-small, "
+                         f"octo-base")
     if backend is None:
         return MODEL_BACKENDS[family][0]
     if backend not in MODEL_BACKENDS[family]:
@@ -211,20 +242,8 @@ def model_runner(model: str, spec: BackendSpec, *, weights: str | Path | None = 
     build/engines). ``spec`` is a runtime :func:`resolve_runtime` resolved (backend, availability and precision
     checked there, once)."""
     family = model_family(model)
-    if family == "bc-state":
-        from engines.bc_mlp import load, numpy_forward, onnx_for_weights
-        from engines.onnx_utils import sha256_file
-
-        if spec.backend == "torch":
-            from engines.runners import CallableRunner
-
-            net, _, _ = load(weights)
-            return CallableRunner("torch", lambda state: {"action": numpy_forward(net, state)}).activate()
-        digest = sha256_file(weights)
-        from engines.octo.export import BUILD_DIR
-
-        graph = _graph_for(spec, onnx_for_weights(weights, digest), digest, "bc-state", (BUILD_DIR / "bc_state.onnx",))
-        return make_runner(graph, spec, engines=engines, model="bc-state")
+    if family in WEIGHTS_FILE_MODELS:
+        return _weights_file_runner(family, spec, Path(weights), engines)
     from engines.octo.deployed import DeployedOcto
     from engines.octo.runners import JaxOcto, OnnxOcto
 
@@ -254,6 +273,33 @@ def model_runner(model: str, spec: BackendSpec, *, weights: str | Path | None = 
                               (BUILD_DIR / f"{file_stem(engine.cfg.name)}_backbone.onnx",))
     return OnnxOcto(engine.cfg, make_runner(backbone, spec, model=model),
                     make_runner(onnx.sampler, sampler_spec, model=model)).activate()
+
+
+def _weights_file_runner(model: str, spec: BackendSpec, weights: Path, engines: str | Path | None):
+    """bc-state's and bc-camera's runner from their weights file: torch runs the network itself; a graph backend
+    runs the engines folder's graph where the folder holds one exported from these weights (its manifest names
+    their sha256: what ``make engines`` built, nothing exported at run time), else the export made once and cached
+    (:func:`onnx_for_weights`, the same bytes: their TensorRT engines are found either way)."""
+    from engines import folder
+    from engines.onnx_utils import sha256_file
+
+    model_file = WEIGHTS_FILE_MODELS[model]
+    code = model_file.code()
+    if spec.backend == "torch":
+        from engines.runners import CallableRunner
+
+        net, _, _ = code.load(weights)
+        return CallableRunner("torch", lambda **feeds: code.torch_outputs(net, feeds)).activate()
+    digest = sha256_file(weights)
+    where = Path(engines) if engines else folder.default_dir()
+    listed = model in folder.read_manifest(where)["models"] if (where / folder.MANIFEST).is_file() else False
+    entry = folder.model_entry(where, model) if listed else None  # a damaged folder is one line, not skipped
+    if entry and (entry.get("weights") or {}).get("sha256") == digest:
+        graph = folder.file_of(where, entry, (entry.get("graphs") or {}).get("model"), "graph", model)
+    else:  # no folder, or one built from other weights (--checkpoint)
+        graph = code.onnx_for_weights(weights, digest)
+    graph = _graph_for(spec, graph, digest, model, (where / f"{model_file.stem}.onnx",))
+    return make_runner(graph, spec, engines=engines, model=model)
 
 
 def octo_sampler_spec(spec: BackendSpec) -> BackendSpec:

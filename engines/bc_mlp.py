@@ -159,3 +159,8 @@ def onnx_for_weights(weights: str | Path, sha256: str) -> Path:
         model, config, _ = load(weights)
         write_sealed(path, lambda tmp: export_onnx(model, config, tmp, source=f"{weights.name} sha256 {digest}"))
     return path
+
+
+def torch_outputs(model, feeds) -> dict[str, np.ndarray]:
+    """The graph's outputs computed by the torch network (the ``torch`` backend)."""
+    return {"action": numpy_forward(model, feeds["state"])}

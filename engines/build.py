@@ -7,15 +7,19 @@
     python -m engines.build --models octo-small --onnx-from DIR   # a Jetson: engines from a folder made on x86
     python -m engines.build --models octo-small --instruction "put the blocks away"   # one more embedding
     python -m engines.build --models bc-state --ort-precisions fp32  # no INT8 graphs
+    python -m engines.build --models bc-camera   # from engines/weights/bc_camera.safetensors
 
 Prints a table of what was built, where, and why anything was skipped.
 Outputs go to build/engines/ (ignored by git), the engines folder a run reads alone (:mod:`engines.folder`:
 ``manifest.json`` lists every file with its sha256; Octo's entry adds its architecture, dataset statistics,
 the graphs as ONNX Runtime loads them and the T5 embeddings of every instruction of every task list, so that
-a run on ONNX Runtime or TensorRT needs neither the checkpoint nor JAX). Octo (octo-small, octo-base) is
-exported from its released weights (:mod:`engines.hub`: the Hugging Face cache, or
-downloaded into it), or from the folder given (--checkpoint-octo-small DIR), and the
-table names the repo and commit they came from. When they cannot be had the build
+a run on ONNX Runtime or TensorRT needs neither the checkpoint nor JAX). bc-state and bc-camera are exported
+from their weights files (``engines/weights/``, :data:`WEIGHTS_FILE_MODELS`); the entry names the file and its
+sha256. A missing file stops a build whose ``--models`` names the model, in one line with the command that trains
+it; the default list (every model) lists it as skipped with that line (bc-camera until its weights ship).
+Octo (octo-small, octo-base) is exported from its released weights (:mod:`engines.hub`: the Hugging Face
+cache, or downloaded into it), or from the folder given (--checkpoint-octo-small DIR), and the table names the
+repo and commit they came from. When they cannot be had the build
 stops before anything is built, in one line naming the repo, the files, the cache
 folder and the flag. Seeded random weights of the exact architecture only with
 --random-weights, marked "random weights (latency only)" on every row and in the
@@ -29,8 +33,10 @@ Beside each fp32 graph it builds the INT8 Q/DQ graph ONNX Runtime runs as ``--pr
 (``<stem>.int8.onnx``, :mod:`engines.quantize`; Octo: the backbone), calibrated on the benchmark's own dev
 tries (``build/octo_queries/``: recorded by :mod:`engines.calibration` when missing or recorded from other
 inputs: model, tries, task list, appearance), and keyed by the weights' digest and the calibration's sha256
-(rebuilt only when either changes). BF16 is listed as skipped with the reason (ONNX Runtime's CPU provider
-has no bfloat16 kernels).
+(rebuilt only when either changes). A model whose INT8 is refused (:data:`engines.quantize.INT8_REFUSED`:
+bc-state's measured, bc-camera's not measured yet) gets neither the Q/DQ graph nor a TensorRT int8 engine; their
+rows say skipped, with the reason. BF16 is listed as skipped with the reason (ONNX Runtime's CPU provider has no
+bfloat16 kernels).
 
 Work already done is not redone: an Octo export of the same weights and format, Octo's load-time ONNX
 Runtime rewrite (cached by the graph's sha256), a calibration recording of the same inputs and an INT8
@@ -49,32 +55,51 @@ import time
 import types
 from pathlib import Path
 
+from engines.backends import WEIGHTS_FILE_MODELS
 from engines.octo.config import RANDOM_WEIGHTS_LABEL
 from engines.octo.export import BUILD_DIR as OUT  # build/engines of this checkout
 
 
-def _bc_state_onnx(out: Path, args) -> list[tuple[str, Path, str]]:
-    from engines.bc_mlp import DEFAULT_WEIGHTS, export_onnx, load
+def missing_weights(model: str) -> str | None:
+    """Why a weights-file model cannot be exported here (its file is missing, in one line with the command that
+    trains it), or None."""
+    spec = WEIGHTS_FILE_MODELS[model]
+    path = spec.weights()
+    return None if path.is_file() else f"no {model} weights at {path}; train them with: {spec.train}"
+
+
+def _weights_source(weights: Path) -> str:
+    """The identity an export of ``weights`` records (ONNX metadata ``source``): the one the model's
+    ``onnx_for_weights`` writes too, so that the engines folder's graph and a run's export of the same file are
+    the same bytes, and a run finds the TensorRT engines built from it (their key is the graph's sha256)."""
     from engines.onnx_utils import sha256_file
 
-    if not DEFAULT_WEIGHTS.exists():
-        raise Skipped(f"no weights at {DEFAULT_WEIGHTS}; train them with: python -m eval.training.train_bc")
-    source = f"{DEFAULT_WEIGHTS.name} sha256 {sha256_file(DEFAULT_WEIGHTS)[:16]}"
-    path = out / "bc_state.onnx"
-    if path.is_file() and _metadata_or_none(path).get("source") == source:  # these weights exported before
-        return [("onnx", path, " (unchanged)")]
-    model, config, _ = load(DEFAULT_WEIGHTS)
-    return [("onnx", export_onnx(model, config, path, source=source), "")]
+    return f"{weights.name} sha256 {sha256_file(weights)[:16]}"
 
 
-def _bc_state_entry(built: list, int8: Path | None) -> tuple[dict, list[str]]:
-    """bc-state's entry of the engines folder: its graph (and INT8 copy) and the weights it was exported from."""
-    from engines.bc_mlp import DEFAULT_WEIGHTS
+def _weights_file_onnx(model: str):
+    def export(out: Path, args) -> list[tuple[str, Path, str]]:
+        spec = WEIGHTS_FILE_MODELS[model]
+        code, weights = spec.code(), spec.weights()
+        source = _weights_source(weights)
+        path = out / f"{spec.stem}.onnx"
+        if path.is_file() and _metadata_or_none(path).get("source") == source:  # these weights exported before
+            return [("onnx", path, " (unchanged)")]
+        net, config, _ = code.load(weights)
+        return [("onnx", code.export_onnx(net, config, path, source=source), "")]
+
+    return export
+
+
+def _weights_file_entry(model: str, built: list, int8: Path | None) -> tuple[dict, list[str]]:
+    """A weights-file model's entry of the engines folder: its graph (and INT8 copy), the weights file it was
+    exported from (name, sha256) and the source its graph records."""
     from engines.onnx_utils import sha256_file
 
+    weights = WEIGHTS_FILE_MODELS[model].weights()
     graphs = {"model": built[0][1].name, **({"model_int8": int8.name} if int8 is not None else {})}
-    entry = {"model": "bc-state", "family": "bc-state", "graphs": graphs, "random_weights": False,
-             "weights": {"file": DEFAULT_WEIGHTS.name, "sha256": sha256_file(DEFAULT_WEIGHTS)}}
+    entry = {"model": model, "family": model, "graphs": graphs, "random_weights": False,
+             "weights": {"file": weights.name, "sha256": sha256_file(weights)}, "source": _weights_source(weights)}
     return entry, sorted(graphs.values())
 
 
@@ -317,7 +342,10 @@ class Skipped(Exception):
 
 
 STAGE_TIMES_FILE = "build_stages.json"
-EXPORTS = {"bc-state": _bc_state_onnx, "octo-small": _octo_onnx("octo-small"), "octo-base": _octo_onnx("octo-base")}
+EXPORTS = {**{m: _weights_file_onnx(m) for m in WEIGHTS_FILE_MODELS}, "octo-small": _octo_onnx("octo-small"),
+           "octo-base": _octo_onnx("octo-base")}
+# the models engines.calibration records an INT8 calibration set for (octo-base takes octo-small's)
+CALIBRATED = ("bc-state", "octo-small", "octo-base")
 ORT_PRECISIONS = ("fp32", "int8", "bf16")
 
 
@@ -380,7 +408,7 @@ def _start_recordings(models: list[str], args, ort_precisions: list[str]) -> dic
         return {}
     jobs = {}
     for m in models:
-        if m in quantize.INT8_REFUSED:
+        if m in quantize.INT8_REFUSED or m not in CALIBRATED:
             continue
         job = start_calibration(m, Path(args.queries_dir) if args.queries_dir else None, progress=True)
         if job.recorded:
@@ -402,10 +430,10 @@ def _int8(name: str, built: list[tuple[str, Path, str]], timer: StageTimer, quer
     part, path = next((a, p) for a, p, _ in built if a in ("onnx", "onnx backbone"))
     artifact = f"onnx int8{part.removeprefix('onnx')}"
     reused = args.octo_reused.get(name)
-    if name == "bc-state":
-        from engines.bc_mlp import DEFAULT_WEIGHTS
-
-        digest = sha256_file(DEFAULT_WEIGHTS)
+    if name not in CALIBRATED:  # never a calibration set of another model
+        raise Skipped(f"{name} has no INT8 calibration set (engines.calibration records {', '.join(CALIBRATED)}'s)")
+    if name in WEIGHTS_FILE_MODELS:
+        digest = sha256_file(WEIGHTS_FILE_MODELS[name].weights())
     elif reused is not None:
         digest = reused["params_sha256"]
     else:
@@ -444,12 +472,15 @@ def main(argv=None) -> int:
 def _build(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m engines.build", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(OUT))
-    p.add_argument("--models", default=",".join(EXPORTS), help=f"comma-separated, of: {', '.join(EXPORTS)}")
+    p.add_argument("--models", help=f"comma-separated, of: {', '.join(EXPORTS)} (default: all, where a model whose "
+                   "weights file is missing is listed as skipped with the command that trains it; named here, that "
+                   "is an error)")
     p.add_argument("--precisions", default="fp32,fp16", help="TensorRT precisions (fp32, fp16, int8, fp8)")
     p.add_argument("--ort-precisions", default=",".join(ORT_PRECISIONS), help="ONNX Runtime graphs: fp32 (the "
                    "export), int8 (its Q/DQ copy, calibrated on dev tries), bf16 (listed as skipped: no CPU kernels)")
     p.add_argument("--batch-max", type=int, default=None, help="largest batch of the TensorRT optimisation profile "
-                   "(default: the one a run's profile has, engines.backends.MODEL_RUNTIMES: bc-state 256, Octo 64)")
+                   "(default: the one a run's profile has, engines.backends.MODEL_RUNTIMES: bc-state 256, bc-camera "
+                   "and Octo 64)")
     p.add_argument("--instruction", action="append", metavar="TEXT", help="Octo: also compute the T5 embedding of "
                    "this instruction (repeatable; every instruction of the benchmark's task lists is always there)")
     p.add_argument("--checkpoint-octo-small", metavar="DIR", help="a local copy of octo-small-1.5 (default: the "
@@ -464,7 +495,8 @@ def _build(argv=None) -> int:
     p.add_argument("--queries-dir", metavar="DIR", help="where the calibration recordings are kept (default "
                    "build/octo_queries/)")
     args = p.parse_args(argv)
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    named = args.models is not None  # --models given: each model it names must be built
+    models = [m.strip() for m in (args.models if named else ",".join(EXPORTS)).split(",") if m.strip()]
     if not models:  # an empty list would build nothing and exit 0
         print(f"error: --models names no model; give one or more of: {', '.join(EXPORTS)}", file=sys.stderr)
         return 2
@@ -477,6 +509,12 @@ def _build(argv=None) -> int:
         return 2
     if not args.out.strip():  # Path("") is the current folder: the build would land in the repository root
         print("error: --out is empty; name the engines folder (default build/engines)", file=sys.stderr)
+        return 2
+    # a weights-file model without its file: asked for by name, the build stops before anything is built; in the
+    # default list (bc-camera until its weights ship) its row says skipped, why, and the command that trains them
+    unweighted = {m: why for m in models if m in WEIGHTS_FILE_MODELS and (why := missing_weights(m))}
+    if named and unweighted:
+        print(f"error: {next(iter(unweighted.values()))}", file=sys.stderr)
         return 2
     # an Octo option that no model of --models takes would be silently ignored
     has_octo = any(m in ("octo-small", "octo-base") for m in models)
@@ -539,11 +577,14 @@ def _build(argv=None) -> int:
     reason = trt.unavailable_reason()
     # the calibration recording runs beside the exports (its own process: the simulator, no model), and every
     # model is exported before anything is quantized, so that the recording is done when its graphs need it
-    jobs = _start_recordings(models, args, ort_precisions)
+    jobs = _start_recordings([m for m in models if m not in unweighted], args, ort_precisions)
     by_model: dict[str, list] = {name: [] for name in models}  # the table's rows, model by model
     exported: dict[str, list] = {}
     try:
         for name in models:
+            if name in unweighted:
+                by_model[name].append((name, "onnx", "skipped", unweighted[name]))
+                continue
             try:
                 with timer.stage(name, "export"):
                     built = EXPORTS[name](out, args)
@@ -583,8 +624,8 @@ def _build(argv=None) -> int:
 
                 rows.append((name, "onnx bf16", "skipped", ort_bf16_reason() or "this project builds no bf16 graph"))
             try:  # the folder's entry first: the run reads it (engines.folder); the engines are added as built
-                entry, files = (_octo_entry(name, out, built, int8, args) if name in ("octo-small", "octo-base")
-                                else _bc_state_entry(built, int8))
+                entry, files = (_weights_file_entry(name, built, int8) if name in WEIGHTS_FILE_MODELS
+                                else _octo_entry(name, out, built, int8, args))
                 write_entry(out, name, entry, files)
             except Exception as e:  # noqa: BLE001
                 rows.append((name, "manifest", "failed", (str(e).strip().splitlines() or [type(e).__name__])[0]))
@@ -596,6 +637,9 @@ def _build(argv=None) -> int:
                     label = f"tensorrt {precision}" + (f" {part}" if part else "")
                     if reason:
                         rows.append((name, label, "skipped", reason))
+                        continue
+                    if precision == "int8" and name in quantize.INT8_REFUSED:  # no engine a run would refuse
+                        rows.append((name, label, "skipped", quantize.INT8_REFUSED[name]))
                         continue
                     graph = path
                     if precision == "int8" and int8 is not None and quantize.int8_name(path) == int8:

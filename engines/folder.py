@@ -2,7 +2,8 @@
 
 ``python -m engines.build`` writes into one folder (``build/engines`` unless ``--out``) everything a run of a model
 on ONNX Runtime or TensorRT needs, and ``eval.run``, ``eval.orin`` and ``eval.serve`` (``--engines DIR``) run
-from it with no checkpoint, no Hugging Face cache, no JAX, no export and no engine build::
+from it with no checkpoint, no Hugging Face cache, no JAX, no export and no engine build (Octo; bc-state and
+bc-camera read their weights file, below)::
 
     manifest.json                           what follows, per model, with the sha256 of every file
     octo_small_backbone.onnx                the two graphs (engines.octo.export) ...
@@ -13,15 +14,23 @@ from it with no checkpoint, no Hugging Face cache, no JAX, no export and no engi
     octo_small.statistics.json              the checkpoint's dataset statistics (unnormalisation)
     octo_small.instructions.npz             T5 embeddings of every instruction of every task list
     octo_small_backbone_fp16_trt10_...engine  TensorRT engines (+ .json sidecar: their strict key)
-    bc_state.onnx, ...                      bc-state's graph (its weights ship with the project)
+    bc_state.onnx                           bc-state's graph (engines/weights/bc_state.safetensors)
+    bc_camera.onnx                          bc-camera's graph, uint8 frames in (engines/weights/bc_camera.safetensors)
+    bc_camera_fp16_trt10_...engine, ...     their TensorRT engines
 
 ``manifest.json`` is ``{"format": FORMAT, "models": {name: entry}}``; an entry names its files (``files``: name ->
 sha256; ``stat``: each one's size and modification time when hashed, so that a build with nothing changed hashes
-nothing again, while a run hashes every file) and says where the weights came from (``weights``: the resolved files' repo, commit and sha256 as a run
-records them, or null for random weights; ``source``: the identity the exporter saw). Octo's entry also holds its
-architecture (``config``), the T5 weights' digest (``t5_sha256``) the embeddings were computed with, and the
-TensorRT engines built (``tensorrt``: file -> key). Every file is checked against its sha256 when a run reads
-the entry: a truncated or replaced file is one line naming it and the command that rebuilds it.
+nothing again, while a run hashes every file), the TensorRT engines built (``tensorrt``: file -> key) and where the
+weights came from (``weights``: Octo's resolved files' repo, commit and sha256 as a run records them, or null for
+random weights; bc-state's and bc-camera's weights file, ``{"file", "sha256"}``; ``source``: the identity the
+exporter saw). Octo's entry also holds its architecture (``config``) and the T5 weights' digest (``t5_sha256``) the
+embeddings were computed with. Every file is checked against its sha256 when a run reads the entry: a truncated or
+replaced file is one line naming it and the command that rebuilds it.
+
+bc-state and bc-camera (``graphs["model"]``) run from their weights file (``--checkpoint``, default
+``engines/weights/``; engines.backends exports it on first use into the cache): the same bytes as the folder's
+graph, since the build exports it with the same identity (engines.build), so a run on TensorRT finds the engines
+built from the folder's graph by its sha256.
 
 Nothing here imports JAX, onnx or TensorRT.
 """

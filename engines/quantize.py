@@ -391,20 +391,26 @@ def ort_bf16_reason() -> str | None:
     return None
 
 
-# per-model INT8 decisions from benchmarks/octo_precision.py (speed and dev-try success against fp32); a model
-# named here is refused at int8 on every backend, with the measured reason
+# per-model INT8 decisions from benchmarks/octo_precision.py (speed and dev-try success against fp32), and models
+# whose INT8 has not been measured yet; a model named here is refused at int8 on every backend (make engines builds
+# neither its Q/DQ graph nor a TensorRT int8 engine), with the measured reason or the missing measurement
 INT8_REFUSED = {
     "bc-state": "bc-state does not run at int8: its Q/DQ graph (ranges over all 1,062 calibration states) succeeded "
                 "in 5/35 dev tries against 35/35 at fp32 and was 3.0x slower at batch 1 (0.085 vs 0.028 ms "
                 "p50; Intel Xeon, 2026-12-05, results/benchmarks/octo_precision.json; 12/35 and 3.5x slower in the "
                 "run of 2026-12-02, whose ranges came from the last 38 states only), a 0.3 MB MLP that int8 makes "
                 "worse and slower: use fp32",
+    # offering it takes a calibration set of camera queries (engines.calibration) and the measurement against fp32
+    # with trained weights, as bc-state's above
+    "bc-camera": "bc-camera's INT8 is not measured yet: no calibration set is recorded for it and its accuracy and "
+                 "speed against fp32 have not been measured with trained weights (benchmarks/octo_precision.py), so "
+                 "no INT8 graph or engine is built; use fp32 (ort) or fp16/fp32 (trt)",
 }
 
 
 def check_precision(backend: str, precision: str, model: str | None = None) -> None:
     """One-line PrecisionUnavailable for a (backend, precision) pair that cannot run, or a model whose INT8
-    the precision benchmark refused (INT8_REFUSED)."""
+    the precision benchmark refused or has not measured yet (INT8_REFUSED)."""
     from engines.trt import PRECISIONS as TRT_PRECISIONS
 
     if precision == "int8" and model in INT8_REFUSED:

@@ -3,6 +3,7 @@
     python -m eval.record --setups A01,B01 --tries 10 --out data/demos_a01_b01            # the scripted reference
     python -m eval.record --model bc-state --setups all --tries 20 --out data/bc_state_all --workers 2
     python -m eval.record --setups A01 --tries 5 --out data/a01 --push-to-hub USER/shape-assembly-a01
+    python -m eval.record --setups A01,B01 --tries 10 --noise 0.1 --out data/dart_a01_b01   # the reference, perturbed
 
 Every try runs as eval.run runs it (the same episode loop, workers, watchdog,
 task list and success predicate) with both cameras rendered at every step, and
@@ -13,6 +14,8 @@ The run itself is ``OUT/recording/`` (run.json, tries.jsonl, REPORT.md):
 rerunning the same command after a kill continues it, a finished try is never
 recorded twice and a try cut off mid-way is recorded again from its start.
 Only the train split's starts are recorded: dev, test and confirm never feed training.
+With ``--noise S`` the scripted reference's action plus Gaussian noise is executed (DART, eval.policies.dart):
+``action`` is what the arm received and ``action.expert`` the reference's clean label for the state reached.
 
 Exit status: 0 done, 2 bad input (one line), 1 a worker or the writing failed, 130 interrupted,
 3 done but some tries did not finish (left out of the dataset, flagged in the report).
@@ -26,7 +29,7 @@ import sys
 from pathlib import Path
 
 from env.arms import ARMS
-from eval.request import MODEL_CONFIGS, add_model_arguments
+from eval.request import MODEL_CONFIGS, NoisyScriptedConfig, add_model_arguments
 
 RECORD_SPLIT = "train"
 RECORDING_DIR = "recording"  # OUT/recording: the eval.run run folder of the recording
@@ -49,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, metavar="N",
                    help="a smoke recording: cut every try at N control steps (meta/recording.json and the dataset "
                         "card say so); episodes cut short are no demonstrations to train on")
+    p.add_argument("--noise", type=float, metavar="S",
+                   help="with --model scripted: execute the reference's action plus Gaussian noise of std S on each "
+                        "motion component, seeded per try (DART); the dataset adds action.expert, the reference's "
+                        "clean label for each step (default 0: no noise)")
     add_model_arguments(p)
     p.add_argument("--out", required=True, help="the dataset folder")
     p.add_argument("--fresh", action="store_true", help="discard the dataset or recording OUT holds and start over")
@@ -56,6 +63,21 @@ def build_parser() -> argparse.ArgumentParser:
                    "(USER/NAME; the token from HF_TOKEN or huggingface-cli login), tagged v3.0 as LeRobot's reader asks")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
     return p
+
+
+def recorded_model(args: argparse.Namespace) -> NoisyScriptedConfig | None:
+    """The recording's model configuration where eval.record makes it (``--noise``: the perturbed reference),
+    else None (eval.run's, from --model and its options); one-line ValueError."""
+    if args.noise is None:
+        return None
+    if args.model != "scripted":
+        raise ValueError(f"--noise perturbs the scripted reference's actions (DART): it needs --model scripted, "
+                         f"not {args.model}")
+    from eval.request import model_config, options_from_args
+
+    model_config(args.model, **options_from_args(args))  # the options the reference refuses, as eval.run says it
+    config = NoisyScriptedConfig(name=args.model, noise=args.noise)
+    return config if config.noise > 0 else None  # no noise: the reference as eval.run runs it, its dataset unchanged
 
 
 def _fail(msg: str, code: int = 2) -> int:
@@ -102,6 +124,10 @@ def _main(args: argparse.Namespace) -> int:
     if args.split != RECORD_SPLIT:
         return _fail(f"eval.record records the {RECORD_SPLIT} split only, not {args.split!r}: the dev, test and "
                      f"confirm starts never feed training")
+    try:
+        config = recorded_model(args)
+    except ValueError as e:  # UnknownModelError is one
+        return _fail(str(e))
     if not str(args.out).strip():
         return _fail("--out is empty; name the dataset's folder, e.g. data/NAME")
     if args.private and not args.push_to_hub:
@@ -137,7 +163,7 @@ def _main(args: argparse.Namespace) -> int:
     for name, value in (("executor", "local"), ("address", None), ("gpus_per_actor", 0.0), ("video", 0),
                         ("num_envs", 1), ("sim", "cpu"), ("replay_latency", None)):
         setattr(run_args, name, value)
-    outcome = eval_run.run(run_args)
+    outcome = eval_run.run(run_args, config=config)
     if outcome.rc not in (0, eval_run.EXIT_HUNG):
         return outcome.rc
     try:
@@ -154,17 +180,21 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def check_same_recording(out: Path, args: argparse.Namespace) -> None:
-    """A finished dataset is this command's: the same model, arm, setups and tries (ValueError, one line)."""
+    """A finished dataset is this command's: the same model, noise, arm, setups and tries (ValueError, one
+    line)."""
     import json
 
     from env.setups import resolve_setups
 
     try:
         made = json.loads((out / "meta" / "recording.json").read_text())
-        asked = {"model": args.model, "arm": args.arm, "setups": list(resolve_setups(args.setups)),
-                 "tries_per_setup": args.tries, "max_steps": args.max_steps}
+        # the noise is a model option (NoisyScriptedConfig): the recording's options hold it where there was one
+        made["noise"] = (made.get("options") or {}).get("noise", 0.0)
+        asked = {"model": args.model, "noise": args.noise or 0.0, "arm": args.arm,
+                 "setups": list(resolve_setups(args.setups)), "tries_per_setup": args.tries,
+                 "max_steps": args.max_steps}
         differ = [k for k, v in asked.items() if made.get(k) != v]
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, AttributeError) as e:  # AttributeError: JSON that is not an object
         raise ValueError(f"{out} holds a finished dataset whose meta/recording.json cannot be read "
                          f"({' '.join(str(e).split())}); use --fresh to record it again") from None
     if differ:

@@ -120,6 +120,26 @@ class ScriptedConfig(ModelConfig):
         return ScriptedPolicy(clearance=setup.clearance_m, latency_steps=setup.latency_steps)
 
 
+@dataclass(frozen=True)
+class NoisyScriptedConfig(ScriptedConfig):
+    """``--model scripted --noise S``: the scripted reference perturbed (eval.policies.dart), its clean action
+    kept as each step's label. The noise is a model option, so the run's options carry it (run.json and the
+    run's identity, meta/recording.json): a recording resumed with another noise is another run. eval.record's
+    own, not registered: eval.run scores the reference unperturbed."""
+
+    noise: float = option(0.0, help="std of the Gaussian noise on each executed motion component", metavar="S")
+
+    def __post_init__(self):
+        if not 0 <= self.noise < float("inf"):
+            raise ValueError(f"--noise must be a finite number, 0 or more (the std of the noise on each motion "
+                             f"component), got {self.noise:g}")
+
+    def policy(self, runtime=None, setup=None, arm="panda", **build):
+        from eval.policies.dart import NoisyReference
+
+        return NoisyReference(setup, self.noise)
+
+
 @register_model("random")
 @dataclass(frozen=True)
 class RandomConfig(ModelConfig):
@@ -414,6 +434,49 @@ class BCStateConfig(ModelConfig):
 
         weights = self.weights_path()
         return BCStatePolicy(model_runner("bc-state", runtime, weights=weights, engines=self.engines), weights)
+
+
+@register_model("bc-camera")
+@dataclass(frozen=True)
+class BCCameraConfig(ModelConfig):
+    checkpoint: str | None = option(help=OctoConfig.__dataclass_fields__["checkpoint"].metadata["help"],
+                                    metavar="PATH")
+    backend: str | None = option(help=OctoConfig.__dataclass_fields__["backend"].metadata["help"])
+    precision: str | None = option(help=OctoConfig.__dataclass_fields__["precision"].metadata["help"])
+    engines: str | None = option(help=OctoConfig.__dataclass_fields__["engines"].metadata["help"], metavar="DIR")
+    track: ClassVar[str] = "adapted"
+    observes: ClassVar[str] = "cameras"
+    family: ClassVar[str | None] = "bc-camera"
+    description: ClassVar[str] = "small CNN on both cameras, joints and instruction, trained on scripted demos"
+
+    def __post_init__(self):
+        _check_backend_options(self.backend, self.precision)
+        _absolute_engines(self)
+
+    def weights_path(self) -> Path:
+        from engines.bc_camera import DEFAULT_WEIGHTS
+
+        return Path(self.checkpoint) if self.checkpoint else DEFAULT_WEIGHTS
+
+    def check(self, runtime) -> None:
+        from engines.bc_camera import load
+
+        load(self.weights_path())  # shapes, normalisation, metadata: BadCheckpointError in one line
+
+    def weights_sha256(self) -> str | None:
+        from engines.onnx_utils import sha256_file
+
+        return sha256_file(self.weights_path())
+
+    def policy(self, runtime=None, setup=None, arm="panda", **build):
+        from engines.backends import model_runner
+        from engines.bc_camera import load
+        from eval.policies.bc_camera import BCCameraPolicy
+
+        weights = self.weights_path()
+        _, config, _ = load(weights)
+        return BCCameraPolicy(model_runner("bc-camera", runtime, weights=weights, engines=self.engines), config,
+                              weights)
 
 
 @register_model("remote")

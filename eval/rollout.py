@@ -279,7 +279,8 @@ def rollout(scenes: Scenes, members: Sequence[Policy], split: str, try_indices: 
     ("policy") and every physics step ("sim"): the watchdog's heartbeat. ``videos``: an mp4 path per try
     (None: no video); a try with one renders every step. ``episodes``: a folder per try (None: not recorded)
     where the try is staged as a dataset episode (:mod:`eval.lerobot.episode`: the frames each action was
-    chosen from, the joint positions, the actions); a recorded try renders every step."""
+    chosen from, the joint positions, the actions, and the expert's labels where the policy gives them:
+    :meth:`Policy.expert_label`); a recorded try renders every step."""
     setup, n = scenes.setup, scenes.num_envs
     k = len(try_indices)
     if not 1 <= k <= n:
@@ -338,7 +339,7 @@ def rollout(scenes: Scenes, members: Sequence[Policy], split: str, try_indices: 
         full[idx] = actions
         for j, i in enumerate(idx):
             if recorders[i] is not None:  # the frames this action was chosen from: the scene has not stepped yet
-                recorders[i].add(scenes.frames(i), scenes.proprio(i), actions[j])
+                recorders[i].add(scenes.frames(i), scenes.proprio(i), actions[j], members[i].expert_label())
         clipped[idx] += np.any(np.abs(actions) > ACTION_BOUND, axis=1)
         queries[idx] += ran
         render = np.zeros(n, dtype=bool)

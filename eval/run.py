@@ -27,7 +27,7 @@ from env.setups import UnknownSetupError
 from env.starts import SPLITS
 from eval.executors import EXECUTORS
 from eval.records import UNFINISHED_FLAGS, RecordsError, max_steps_label
-from eval.request import MODEL_CONFIGS, RunRequest, UnknownModelError, add_model_arguments
+from eval.request import MODEL_CONFIGS, ModelConfig, RunRequest, UnknownModelError, add_model_arguments
 
 EXIT_HUNG = 3  # the run finished, but some tries were stopped by the watchdog or lost with their actor
 
@@ -98,10 +98,12 @@ class ExecutorSettings:
             raise ValueError(f"--gpus-per-actor must be a finite number, 0 or more, got {self.gpus_per_actor:g}")
 
 
-def request_from_args(args: argparse.Namespace, device_default: bool = False) -> tuple[RunRequest, ExecutorSettings]:
+def request_from_args(args: argparse.Namespace, device_default: bool = False,
+                      config: ModelConfig | None = None) -> tuple[RunRequest, ExecutorSettings]:
     """The run's request, resolved once (the model, its runtime, the setups, the scenes), and where it runs;
     one-line errors (ValueError and its kinds, FileNotFoundError, ImportError) for anything that cannot run,
-    before any scene is built or any run folder is written."""
+    before any scene is built or any run folder is written. ``config``: the model's configuration where the
+    caller made it (eval.record's perturbed reference); by default the one ``args.model`` and its options name."""
     from env.arms import check_assets, get_arm
     from env.setups import get_setup, resolve_setups
     from eval.request import ResolvedModel, model_config, options_from_args
@@ -109,7 +111,8 @@ def request_from_args(args: argparse.Namespace, device_default: bool = False) ->
 
     if not str(args.out).strip():  # Path("") is the current folder: the run would be written into it
         raise ValueError("--out is empty; name the run's folder, e.g. runs/NAME")
-    config = model_config(args.model, **options_from_args(args))  # options the model takes, their values
+    if config is None:
+        config = model_config(args.model, **options_from_args(args))  # options the model takes, their values
     setups = tuple(get_setup(s) for s in resolve_setups(args.setups))
     arm = get_arm(args.arm)
     if args.split not in SPLITS:
@@ -189,23 +192,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, device_default: bool = False,
-        report_extra: Callable[[RunRequest, list[dict]], dict] | None = None) -> RunOutcome:
-    """The run of parsed command-line ``args`` (eval.run's or eval.orin's). ``device_default``: the model's
-    backend, when not given, is the fastest this machine runs (eval.orin). ``report_extra(request, records)``,
-    called once the tries have run, gives more fields for the report (eval.orin: the device and its
-    telemetry), so that the report and summary.json are written once."""
+        report_extra: Callable[[RunRequest, list[dict]], dict] | None = None,
+        config: ModelConfig | None = None) -> RunOutcome:
+    """The run of parsed command-line ``args`` (eval.run's, eval.orin's or eval.record's). ``device_default``:
+    the model's backend, when not given, is the fastest this machine runs (eval.orin). ``report_extra(request,
+    records)``, called once the tries have run, gives more fields for the report (eval.orin: the device and its
+    telemetry), so that the report and summary.json are written once. ``config``: the model's configuration,
+    where the caller made it (:func:`request_from_args`)."""
     from eval.console import tolerant_output
 
     tolerant_output()  # a model name or path the locale cannot encode never ends the run in a traceback
     try:
-        return _run(args, device_default, report_extra)
+        return _run(args, device_default, report_extra, config)
     except KeyboardInterrupt:  # Ctrl-C outside the tries (checks, start-up, the report): one line too
         return RunOutcome(_fail(*INTERRUPTED))
 
 
-def _run(args, device_default, report_extra) -> RunOutcome:
+def _run(args, device_default, report_extra, config) -> RunOutcome:
     try:
-        request, settings = request_from_args(args, device_default)
+        request, settings = request_from_args(args, device_default, config)
     except (UnknownModelError, UnknownSetupError, UnknownArmError, ValueError, FileNotFoundError, ImportError) as e:
         return RunOutcome(_fail(str(e)))  # BatchError is a ValueError
     except Exception as e:  # noqa: BLE001 - missing assets and the like: one line

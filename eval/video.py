@@ -63,3 +63,14 @@ class TryVideo:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+def video_frames(path: str | Path):
+    """The RGB uint8 (H, W, 3) frames of a video file, decoded one after another (imageio-ffmpeg's ffmpeg)."""
+    import imageio_ffmpeg
+
+    reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24")
+    meta = next(reader)
+    width, height = meta["size"]
+    for raw in reader:
+        yield np.frombuffer(raw, np.uint8).reshape(height, width, 3)

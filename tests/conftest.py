@@ -36,6 +36,9 @@ XDIST_GROUPS = {
     "tests/test_octo_goal.py": "tiny-octo-export",
     "tests/test_ort_optimize.py": "tiny-octo-export",
     "tests/test_octo_policy.py": "tiny-octo-export",
+    # the recorded demonstrations (the recorded_demos fixture below): recorded once, checked and trained on
+    "tests/test_record.py": "recorded-demos",
+    "tests/test_bc_camera.py": "recorded-demos",
 }
 # slowest first, by a full run's --durations on the 2-core machine (-n 2; file totals 450 s down to 50 s under load);
 # a file not named here follows, in collection order
@@ -58,6 +61,7 @@ SLOW_FIRST = [
     "tests/test_ray_executor.py",
     "tests/test_hub.py",
     "tests/test_record.py",  # after most: it may wait for LeRobot's venv, which CI builds from the end of make setup
+    "tests/test_bc_camera.py",  # with the rest of its group (XDIST_GROUPS)
     "tests/test_scene.py",
     "tests/test_engines_folder.py",
     "tests/test_imports_cli.py",
@@ -88,3 +92,17 @@ def pytest_collection_modifyitems(session, config, items):
     rank = {path: i for i, path in enumerate(SLOW_FIRST)}
 
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: a file's tests keep their order
+
+
+@pytest.fixture(scope="session")
+def recorded_demos(tmp_path_factory):
+    """A scripted try of A01 and one of F01 (latency 1: the action is applied a step after it is sent) recorded by
+    ``python -m eval.record`` on two workers (about 20 s): the dataset tests/test_record.py checks and
+    tests/test_bc_camera.py trains on (one xdist group, so it is recorded once); (folder, the finished process)."""
+    import subprocess
+
+    out = tmp_path_factory.mktemp("record") / "demos"
+    proc = subprocess.run([sys.executable, "-m", "eval.record", "--setups", "F01,A01", "--tries", "1", "--workers",
+                           "2", "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc

@@ -134,6 +134,59 @@ def test_the_factory_names_each_models_backends_in_one_line():
         resolve_runtime("scripted", "ort")
 
 
+def test_bc_camera_device_frames_reach_its_engine_with_no_image_copy(tmp_path, monkeypatch):
+    """bc-camera on TensorRT (faked: tests/fake_trt.py) from the engines folder make engines built: a GPU scene's
+    frames (uint8 CUDA tensors, as eval.rollout's Scenes hands them over with host=False) are bound at their own
+    addresses, so a query copies only its low-dimensional input host to device (0 image bytes), where host frames
+    copy the images too; both give the network's actions."""
+    import functools
+
+    from engines import bc_camera, build
+    from engines.backends import MODEL_RUNTIMES
+    from eval.request import resolve_model
+    from tests import fake_trt
+
+    monkeypatch.setenv("SAB_CACHE_DIR", str(tmp_path / "cache"))
+    f = fake_trt.install(monkeypatch, major=10)
+    config = bc_camera.BCCameraConfig()
+    torch.manual_seed(0)
+    weights = tmp_path / "bc_camera.safetensors"
+    bc_camera.save(bc_camera.build(config), config, weights)
+    net, _, _ = bc_camera.load(weights)
+    monkeypatch.setattr(bc_camera, "DEFAULT_WEIGHTS", weights)
+    out = tmp_path / "engines"
+    assert build.main(["--models", "bc-camera", "--precisions", "fp16", "--ort-precisions", "fp32", "--out",
+                       str(out)]) == 0 and f.trt.state.builds == 1
+    # the engine it built deserialises as bc-camera's tensors, computing the network on what is bound
+    inputs = {name: ((-1, side, side, 3), np.uint8) for name, side in config.cameras}
+    inputs["low_dim"] = ((-1, config.low_dim), np.float32)
+    outputs = {"actions": ((-1, config.chunk, config.action_dim), np.float32)}
+    f.trt.engines[fake_trt.ENGINE_BYTES] = functools.partial(
+        fake_trt.SpecEngine, f.trt, f.cudart, inputs, outputs,
+        lambda **feeds: {"actions": bc_camera.numpy_forward(net, feeds)}, MODEL_RUNTIMES["bc-camera"].trt_batch_max)
+    options = {"backend": "trt", "engines": str(out), "checkpoint": str(weights)}
+    host, device = (resolve_model("bc-camera", options).policy() for _ in range(2))
+    for p in (host, device):
+        p.reset(INSTRUCTION, seed=0)
+    low_dim_bytes = config.low_dim * 4  # float32 (1, LOW_DIM): new every query
+    image_bytes = sum(side * side * 3 for _, side in config.cameras)
+    for step in range(3):
+        frames = _frames(step)
+        proprio = np.random.default_rng(step).normal(size=9).astype(np.float32)
+        expected = bc_camera.numpy_forward(net, host.encode({"images": frames, "proprio": proprio}))[0, 0]
+        a_host = host.query({"images": frames, "proprio": proprio})
+        assert host.runner.last_h2d_bytes == image_bytes + low_dim_bytes
+        copied = f.cudart.h2d_bytes
+        tensors = {k: fake_trt.fake_cuda(v) for k, v in frames.items()}
+        a_device = device.query({"images": tensors, "proprio": proprio})
+        assert device.runner.last_h2d_bytes == low_dim_bytes == f.cudart.h2d_bytes - copied  # not one image byte
+        read = device.runner.context.read[-1]  # the addresses the engine read: the frames' own
+        assert all(read[k] == t.data_ptr() and k not in device.runner.buffers for k, t in tensors.items())
+        # the same network on the same bytes (its float sums may round differently with the buffers' alignment)
+        np.testing.assert_allclose(a_host, expected, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(a_device, a_host, rtol=0, atol=1e-6)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(gpu_sim_unavailable_reason() is not None,
                     reason=f"GPU simulation unavailable: {gpu_sim_unavailable_reason()}")

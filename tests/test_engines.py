@@ -181,3 +181,106 @@ def test_build_exports_bc_state_and_skips_tensorrt_with_the_reason(tmp_path, cap
     if reason:
         rows = [line for line in lines if line.split()[:2] == ["bc-state", "tensorrt"]]  # the table's rows
         assert len(rows) == 2 and all("skipped" in r and reason in r for r in rows)
+
+
+def _bc_camera_weights(path: Path, seed: int = 0) -> Path:
+    """A bc-camera weights file of seeded random weights of the current architecture (the trained file ships later)."""
+    import torch
+
+    from engines import bc_camera
+
+    torch.manual_seed(seed)
+    config = bc_camera.BCCameraConfig()
+    bc_camera.save(bc_camera.build(config), config, path)
+    return path
+
+
+def test_build_exports_bc_camera_beside_bc_state_into_one_folder(tmp_path, capsys, monkeypatch):
+    """make engines' weights-file path, bc-camera beside bc-state: its graph, its manifest entry (the weights' name,
+    sha256 and source), its INT8 refused with the reason, TensorRT skipped with the reason here; the graph is
+    byte for byte the export a run makes of the same file (what TensorRT engines are keyed by); a second build
+    exports nothing again."""
+    pytest.importorskip("torch")
+    pytest.importorskip("onnxruntime")
+    import json
+
+    from engines import bc_camera, bc_mlp, build, quantize
+    from engines.folder import MANIFEST, sha256_file
+
+    monkeypatch.setenv("SAB_CACHE_DIR", str(tmp_path / "cache"))
+    state_weights = tmp_path / "bc_state.safetensors"
+    bc_mlp.save(bc_mlp.build(bc_mlp.BCConfig()), bc_mlp.BCConfig(), state_weights)
+    monkeypatch.setattr(bc_mlp, "DEFAULT_WEIGHTS", state_weights)
+    weights = _bc_camera_weights(tmp_path / "bc_camera.safetensors")
+    monkeypatch.setattr(bc_camera, "DEFAULT_WEIGHTS", weights)
+    out = tmp_path / "engines"
+    # int8 asked: both refuse it (no calibration recording starts), each row saying why
+    rc = build.main(["--out", str(out), "--models", "bc-state,bc-camera", "--ort-precisions", "fp32,int8"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0, lines
+    rows = [line for line in lines if line.startswith("bc-camera ")]
+    assert any(r.split()[:3] == ["bc-camera", "onnx", "built"] and str(out / "bc_camera.onnx") in r for r in rows)
+    int8 = [r for r in rows if r.split()[1:3] == ["onnx", "int8"]]
+    assert len(int8) == 1 and "skipped" in int8[0] and quantize.INT8_REFUSED["bc-camera"] in int8[0]
+    assert "not measured yet" in quantize.INT8_REFUSED["bc-camera"]
+    reason = trt.unavailable_reason()
+    if reason:
+        engines = [r for r in rows if r.split()[1] == "tensorrt"]
+        assert len(engines) == 2 and all("skipped" in r and reason in r for r in engines)
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert set(manifest["models"]) == {"bc-state", "bc-camera"}
+    entry = manifest["models"]["bc-camera"]
+    digest = sha256_file(weights)
+    assert entry["graphs"] == {"model": "bc_camera.onnx"} and entry["family"] == "bc-camera"
+    assert entry["weights"] == {"file": "bc_camera.safetensors", "sha256": digest} and not entry["random_weights"]
+    source = f"bc_camera.safetensors sha256 {digest[:16]}"
+    assert entry["source"] == metadata(out / "bc_camera.onnx")["source"] == source
+    assert entry["files"] == {"bc_camera.onnx": sha256_file(out / "bc_camera.onnx")}
+    assert manifest["models"]["bc-state"]["weights"]["sha256"] == sha256_file(state_weights)
+    # a run of these weights exports the same bytes: the engines built from the folder's graph are its engines
+    assert sha256_file(bc_camera.onnx_for_weights(weights, digest)) == entry["files"]["bc_camera.onnx"]
+    assert build.main(["--out", str(out), "--models", "bc-camera", "--ort-precisions", "fp32"]) == 0
+    again = capsys.readouterr().out.splitlines()
+    assert any(line.split()[:3] == ["bc-camera", "onnx", "built"] and "(unchanged)" in line for line in again)
+
+
+def test_build_without_bc_camera_weights_says_how_to_train_them(tmp_path, capsys, monkeypatch):
+    """No weights file: named by --models, one line naming the file and the training command, exit 2, nothing
+    built; in the default list, a skipped row with that line while the others are built."""
+    pytest.importorskip("torch")
+    from engines import bc_camera, bc_mlp, build
+
+    state_weights = tmp_path / "bc_state.safetensors"
+    bc_mlp.save(bc_mlp.build(bc_mlp.BCConfig()), bc_mlp.BCConfig(), state_weights)
+    monkeypatch.setattr(bc_mlp, "DEFAULT_WEIGHTS", state_weights)
+    missing = tmp_path / "weights" / "bc_camera.safetensors"
+    monkeypatch.setattr(bc_camera, "DEFAULT_WEIGHTS", missing)
+    out = tmp_path / "engines"
+    assert build.main(["--out", str(out), "--models", "bc-state,bc-camera", "--ort-precisions", "fp32"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: no bc-camera weights at {missing}; ")
+    assert "train them with: python -m eval.training.train_bc_camera --datasets DIR" in err and not out.exists()
+    # the default list (every model; Octo's left out here: it needs its released weights)
+    monkeypatch.setattr(build, "EXPORTS", {m: build.EXPORTS[m] for m in build.WEIGHTS_FILE_MODELS})
+    assert build.main(["--out", str(out), "--ort-precisions", "fp32"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    skipped = [line for line in lines if line.split()[:2] == ["bc-camera", "onnx"]]
+    assert len(skipped) == 1 and skipped[0].split()[2] == "skipped" and build.missing_weights("bc-camera") in skipped[0]
+    assert any(line.split()[:3] == ["bc-state", "onnx", "built"] for line in lines)
+    assert (out / "bc_state.onnx").is_file() and not (out / "bc_camera.onnx").exists()
+
+
+def test_bc_camera_int8_is_refused_in_one_line_on_every_backend(monkeypatch):
+    pytest.importorskip("torch")
+    pytest.importorskip("onnxruntime")
+    from engines.backends import BackendUnavailable, resolve_runtime
+    from engines.quantize import INT8_REFUSED
+    from tests import fake_trt
+
+    assert resolve_runtime("bc-camera", "ort").precision == "fp32"
+    fake_trt.install(monkeypatch)  # a GPU with TensorRT, faked: trt's default is fp16, and int8 refused there too
+    assert resolve_runtime("bc-camera", "trt").precision == "fp16"
+    for backend in ("ort", "trt", "torch"):
+        with pytest.raises(BackendUnavailable) as e:
+            resolve_runtime("bc-camera", backend, "int8")
+        assert one_line(e.value) == INT8_REFUSED["bc-camera"]

@@ -4,6 +4,7 @@ foreign file is one line naming it and the command that rebuilds it.
 
 One folder is built for the module (octo-small with seeded random weights, and bc-state), by the real
 `python -m engines.build` argv; tests that change a file work on a copy whose unchanged files are links to it.
+bc-camera's tests build folders of their own, from a seeded random weights file (its trained one ships later).
 """
 
 from __future__ import annotations
@@ -359,3 +360,89 @@ def test_a_build_hashes_each_file_once_and_a_run_every_time(tmp_path):
         assert cache.sha256_file(fresh) != h
     os.utime(path, ns=(old, old))
     assert cache.sha256_file(path) != first  # outside: the file as it is
+
+
+# ------------------------------------------------------------------ bc-camera: a weights-file model in the folder
+def _bc_camera_build(out: Path, *args: str) -> tuple[int, Path]:
+    """make engines' export of bc-camera into ``out`` from a seeded random weights file (the trained file ships
+    later), through the real ``engines.build.main``; (exit status, the weights file)."""
+    torch = pytest.importorskip("torch")
+    from engines import bc_camera, build
+
+    weights = out.parent / "weights" / "bc_camera.safetensors"
+    if not weights.is_file():
+        torch.manual_seed(0)
+        config = bc_camera.BCCameraConfig()
+        bc_camera.save(bc_camera.build(config), config, weights)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bc_camera, "DEFAULT_WEIGHTS", weights)
+        return build.main(["--models", "bc-camera", "--ort-precisions", "fp32", "--out", str(out), *args]), weights
+
+
+def _bc_camera_observation(rng) -> dict:
+    return {"images": {"third_person": rng.integers(0, 255, (256, 256, 3), dtype=np.uint8),
+                       "wrist": rng.integers(0, 255, (128, 128, 3), dtype=np.uint8)},
+            "proprio": rng.normal(size=9).astype(np.float32)}
+
+
+def test_bc_camera_runs_the_folders_graph_on_ort(tmp_path, monkeypatch):
+    """eval.run's policy of bc-camera with --engines DIR (built as its workers build it) runs the graph make engines
+    put in the folder: the graph its runner was given (its export of the weights file, before ONNX Runtime's
+    load-time rewrite) is the folder's, byte for byte, and answers as the network does."""
+    from engines.bc_camera import load, numpy_forward
+    from eval.request import resolve_model
+
+    monkeypatch.setenv("SAB_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "engines"
+    rc, weights = _bc_camera_build(out)
+    assert rc == 0
+    entry = _entry(out, "bc-camera")
+    policy = resolve_model("bc-camera", {"backend": "ort", "engines": str(out), "checkpoint": str(weights)}).policy()
+    assert policy.backend == "ort" and policy.weights_sha256 == entry["weights"]["sha256"]
+    assert engines_folder.sha256_file(policy.runner.onnx_path) == entry["files"][entry["graphs"]["model"]]
+    net, _, _ = load(weights)
+    policy.reset(all_instructions()[0], seed=0)
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        obs = _bc_camera_observation(rng)
+        feeds = policy.encode(obs)
+        action = policy.decode(policy.runner.infer(feeds), 0)
+        assert action.shape == (7,) and np.isfinite(action).all()
+        np.testing.assert_allclose(action, numpy_forward(net, feeds)[0, 0], rtol=0, atol=1e-4)
+    assert np.isfinite(policy.query(_bc_camera_observation(rng))).all()
+
+
+def test_fake_tensorrt_bc_camera_engines_are_the_runs_and_a_missing_one_is_one_line(tmp_path, monkeypatch):
+    """TensorRT (faked): make engines builds bc-camera's fp16 and fp32 engines for the profile a run uses (batch
+    1..64) and lists them; a run with --engines DIR finds its engine there by the graph's sha256 and builds none; a
+    folder without one is one line naming the command that builds it."""
+    from engines import trt
+    from engines.backends import MODEL_RUNTIMES
+    from eval.request import resolve_model
+    from tests import fake_trt
+
+    monkeypatch.setenv("SAB_CACHE_DIR", str(tmp_path / "cache"))
+    fakes = fake_trt.install(monkeypatch, major=10)
+    out = tmp_path / "engines"
+    rc, weights = _bc_camera_build(out, "--precisions", "fp16,fp32,int8")
+    assert rc == 0 and fakes.trt.state.builds == 2  # int8: refused (not measured yet), no engine
+    engines = _entry(out, "bc-camera")["tensorrt"]
+    assert sorted(k["precision"] for k in engines.values()) == ["fp16", "fp32"]
+    assert all(k["batch_max"] == MODEL_RUNTIMES["bc-camera"].trt_batch_max == 64 for k in engines.values())
+    assert all(k["onnx_sha256"] == _entry(out, "bc-camera")["files"]["bc_camera.onnx"] for k in engines.values())
+
+    def no_build(*a, **k):
+        raise AssertionError("a run built a TensorRT engine")
+
+    monkeypatch.setattr(trt, "build_engine", no_build)
+    options = {"backend": "trt", "engines": str(out), "checkpoint": str(weights)}
+    policy = resolve_model("bc-camera", options).policy()
+    assert policy.backend == "trt" and policy.runner.engine_path.parent == out
+    assert policy.runner.engine_path.name in engines and "_fp16_" in policy.runner.engine_path.name
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(trt.EngineMismatchError) as e:
+        resolve_model("bc-camera", {**options, "engines": str(empty)}).policy()
+    msg = str(e.value)
+    assert "\n" not in msg and "no TensorRT engine of bc_camera_" in msg
+    assert f"build it with: python -m engines.build --models bc-camera --out {empty}" in msg

@@ -31,13 +31,11 @@ def _record(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
+def dataset(recorded_demos):
     """A scripted try of A01 and one of F01 (latency 1: the action is applied a step after it is sent), on two
-    workers (the resume test records two tries of one setup, in order)."""
-    out = tmp_path_factory.mktemp("record") / "demos"
-    proc = _record("--setups", "F01,A01", "--tries", "1", "--workers", "2", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out, proc
+    workers (tests/conftest.py: recorded once for this file and tests/test_bc_camera.py, which trains on it; the
+    resume test records two tries of one setup, in order)."""
+    return recorded_demos
 
 
 def _table(path):
@@ -192,6 +190,10 @@ def test_a_finished_dataset_is_refused_unless_fresh(dataset):
     (["--tries", "0"], "--tries must be at least 1"),
     (["--tries", "101"], "the train task list has 100 tries of A01"),
     (["--max-steps", "0"], "--max-steps must be at least 1 (control steps per try), got 0"),
+    (["--noise", "-1"], "--noise must be a finite number, 0 or more (the std of the noise on each motion component), "
+                        "got -1"),
+    (["--noise", "0.1", "--model", "random"], "--noise perturbs the scripted reference's actions (DART): it needs "
+                                              "--model scripted, not random"),
 ])
 def test_bad_requests_are_one_line(args, message, tmp_path):
     proc = _record("--setups", "A01", "--out", str(tmp_path / "ds"), *args, timeout=120)
@@ -248,6 +250,97 @@ def test_a_killed_recording_resumes_without_a_torn_episode(tmp_path):
     assert all(r["steps"] == 40 and r["max_steps"] == 40 for r in records)
     assert json.loads((out / "meta/recording.json").read_text())["max_steps"] == 40
     assert "every try cut at 40 control steps" in (out / "README.md").read_text()
+
+
+NOISE = 0.1
+
+
+@pytest.fixture(scope="module")
+def noisy_dataset(tmp_path_factory):
+    """A smoke recording of the perturbed reference (DART): one try of A01 cut at 20 control steps."""
+    out = tmp_path_factory.mktemp("record_noise") / "dart"
+    proc = _record("--setups", "A01", "--tries", "1", "--max-steps", "20", "--noise", str(NOISE), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_a_noisy_recording_executes_the_perturbed_reference_and_keeps_its_labels(noisy_dataset):
+    """``action`` is what was executed: the label plus the try's seeded noise on the motion components, clipped;
+    ``action.expert`` is the label, the reference's own action in labeler mode for the state reached (a fresh
+    labeler, told each executed action, replays the try and gives every label again)."""
+    from eval.policies.dart import NOISE_SEED_OFFSET
+
+    out = noisy_dataset
+    info = json.loads((out / "meta/info.json").read_text())
+    feats = info["features"]
+    assert feats["action.expert"] == {"dtype": "float32", "shape": [7], "names": feats["action"]["names"]}
+    data = _table(out / "data/chunk-000/file-000.parquet")
+    assert set(data.column_names) == {k for k, v in feats.items() if v["dtype"] != "video"}
+    assert data.schema.field("action.expert").type == pa.list_(pa.float32(), 7)
+    cols = data.to_pydict()
+    executed = np.array(cols["action"], dtype=np.float32)
+    expert = np.array(cols["action.expert"], dtype=np.float32)
+    states = np.array(cols["observation.state"], dtype=np.float32)
+    assert len(executed) == 20 == info["total_frames"]
+    assert np.all(np.abs(executed) <= 1.0) and np.all(np.abs(expert) <= 1.0)
+    np.testing.assert_array_equal(executed[:, 6], expert[:, 6])  # the gripper's command is never perturbed
+    assert np.all(np.any(executed[:, :6] != expert[:, :6], axis=1))  # every step's motion is
+    # the noise is the try's own stream: the executed action is the label plus it, clipped as the controller clips
+    (episode,) = _table(out / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    rng = np.random.default_rng(episode["seed"] + NOISE_SEED_OFFSET)
+    expected = expert.copy()
+    for t in range(len(expected)):
+        expected[t, :6] = np.clip(expected[t, :6] + rng.normal(0.0, NOISE, 6), -1.0, 1.0)
+    np.testing.assert_array_equal(executed, expected)
+    # replayed: the scene reaches each recorded state, and a labeler there gives the recorded label
+    from env.setups import get_setup
+    from env.tasklist import load
+    from eval.policies.scripted import ScriptedPolicy
+    from eval.rollout import Scenes
+
+    setup, tl = get_setup("A01"), load("train")
+    labeler = ScriptedPolicy(clearance=setup.clearance_m, latency_steps=setup.latency_steps, labeler=True)
+    scenes = Scenes(setup, 1, cameras=True, max_steps=20)  # as recorded (rendered only at the start here)
+    try:
+        scenes.reset([tl.seed("A01", 0)], [tl.start("A01", 0)])
+        labeler.reset(scenes.instructions[0])
+        for t in range(len(executed)):
+            np.testing.assert_allclose(scenes.proprio(0), states[t], rtol=0, atol=1e-6)
+            np.testing.assert_array_equal(labeler.act(scenes.observations([0])[0]), expert[t])
+            labeler.observe_executed(executed[t])
+            scenes.step(executed[t][None], np.ones(1, dtype=bool), np.zeros(1, dtype=bool))
+    finally:
+        scenes.close()
+    stats = json.loads((out / "meta/stats.json").read_text())
+    assert set(stats) == set(feats) and stats["action.expert"]["count"] == [20]
+    np.testing.assert_allclose(stats["action.expert"]["mean"], expert.astype(np.float64).mean(0), rtol=1e-12)
+    recording = json.loads((out / "meta/recording.json").read_text())
+    assert recording["model"] == "scripted" and recording["options"]["noise"] == NOISE
+    assert json.loads((out / "recording/run.json").read_text())["options"]["noise"] == NOISE
+    card = (out / "README.md").read_text()
+    assert "`action.expert`" in card and f"std {NOISE:g} per motion component" in card
+
+
+def test_a_recording_with_another_noise_is_another_recording(noisy_dataset, tmp_path):
+    """Refused in one line: the finished dataset uploaded again with another noise, and a recording cut off
+    before its dataset was written (its run folder alone) resumed with another (or none)."""
+    out = noisy_dataset
+    same = ["--setups", "A01", "--tries", "1", "--max-steps", "20"]
+    proc = _record(*same, "--noise", "0.2", "--out", str(out), "--push-to-hub", "user/dart-a01", timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {out} holds a finished dataset of another recording (noise differ); use --fresh to record this "
+        f"one, or another --out"]
+    import shutil
+
+    cut = tmp_path / "cut"
+    shutil.copytree(out / "recording", cut / "recording")
+    for noise in (["--noise", "0.2"], []):
+        proc = _record(*same, *noise, "--out", str(cut), timeout=120)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith(f"error: {cut / 'recording'} holds a run with other settings") and "'noise'" in line
+    assert not (cut / "meta").exists()
 
 
 LEROBOT_VENV_WAIT_S = 900

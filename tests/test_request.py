@@ -72,7 +72,7 @@ def test_every_option_eval_run_takes_for_a_servable_model_eval_serve_takes_too()
     run_flags = {a.dest for a in run_parser()._actions}
     serve = serve_parser()
     serve_flags = {a.dest for a in serve._actions}
-    assert set(servable()) == {"octo-small", "octo-base", "octo", "bc-state"}
+    assert set(servable()) == {"octo-small", "octo-base", "octo", "bc-state", "bc-camera"}
     for model in servable():
         for f in MODEL_CONFIGS[model].option_fields():
             assert f.name in run_flags and f.name in serve_flags, (model, f.name)

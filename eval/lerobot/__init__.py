@@ -14,7 +14,9 @@ file holds, ``dataset_reader.py`` for what a read needs)::
 
 What this project adds, all in files or columns LeRobot's reader leaves alone:
 the episodes table's ``setup``, ``try_index``, ``seed``, ``split``, ``success``
-and ``flags`` columns, per step ``next.success`` and ``next.done``, and
+and ``flags`` columns, per step ``next.success`` and ``next.done`` (and, in a
+recording whose executed actions were perturbed, ``eval.record --noise``,
+``action.expert``: the expert's label for the state reached), and
 ``meta/recording.json`` (the run: model, task list sha256, setups, appearance).
 The run folder the tries were recorded by is ``DIR/recording/`` (eval.run's:
 ``run.json``, ``tries.jsonl``, the staged episodes while a recording is under

@@ -39,6 +39,9 @@ ACTION_NAMES = ("dx", "dy", "dz", "droll", "dpitch", "dyaw", "gripper")  # eval.
 DEFAULT_FEATURES = {"timestamp": "float32", "frame_index": "int64", "episode_index": "int64", "index": "int64",
                     "task_index": "int64"}
 STEP_FLAGS = ("next.success", "next.done")  # the success predicate after the step; the try's last step
+# a perturbed recording's (eval.policies.dart): the expert's label for the state reached, where ``action`` is what
+# was executed
+EXPERT_ACTION = "action.expert"
 
 
 class DatasetWriteError(ValueError):
@@ -140,8 +143,10 @@ def write_tasks(path: Path, tasks: Sequence[str]) -> None:
     pq.write_table(table, path)
 
 
-def features(state_names: Sequence[str], frame_sizes: dict[str, Sequence[int]], fps: int) -> dict[str, Any]:
-    """info.json's ``features`` (utils/feature_utils.py hw_to_dataset_features: user features, then the defaults)."""
+def features(state_names: Sequence[str], frame_sizes: dict[str, Sequence[int]], fps: int,
+             expert_actions: bool = False) -> dict[str, Any]:
+    """info.json's ``features`` (utils/feature_utils.py hw_to_dataset_features: user features, then the defaults);
+    ``expert_actions``: a perturbed recording's, with ``action.expert``."""
     out: dict[str, Any] = {}
     for camera in CAMERAS:
         h, w = frame_sizes[camera]
@@ -151,6 +156,8 @@ def features(state_names: Sequence[str], frame_sizes: dict[str, Sequence[int]], 
                      "video.is_depth_map": False, "video.fps": fps, "video.channels": 3, "has_audio": False}}
     out["observation.state"] = {"dtype": "float32", "shape": [len(state_names)], "names": list(state_names)}
     out["action"] = {"dtype": "float32", "shape": [len(ACTION_NAMES)], "names": list(ACTION_NAMES)}
+    if expert_actions:
+        out[EXPERT_ACTION] = {"dtype": "float32", "shape": [len(ACTION_NAMES)], "names": list(ACTION_NAMES)}
     for name in STEP_FLAGS:
         out[name] = {"dtype": "bool", "shape": [1], "names": None}
     for name, dtype in DEFAULT_FEATURES.items():
@@ -158,21 +165,33 @@ def features(state_names: Sequence[str], frame_sizes: dict[str, Sequence[int]], 
     return out
 
 
-def _data_table(steps: dict[str, np.ndarray], episode_index: int, first_index: int, task_index: int, fps: int):
+def step_features(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A staged episode's per-step features by name (eval.lerobot.episode's arrays), in the data table's order
+    before LeRobot's defaults: the vectors (N, D), then the flags (N,)."""
+    n = len(steps["state"])
+    done = np.zeros(n, dtype=bool)
+    done[-1] = True
+    out = {"observation.state": steps["state"], "action": steps["action"]}
+    if "action_expert" in steps:
+        out[EXPERT_ACTION] = steps["action_expert"]
+    out["next.success"] = steps["success"].astype(bool)
+    out["next.done"] = done
+    return out
+
+
+def _data_table(columns: dict[str, np.ndarray], episode_index: int, first_index: int, task_index: int, fps: int):
+    """An episode's rows: its :func:`step_features`, then LeRobot's default features."""
     import pyarrow as pa
 
-    n = len(steps["state"])
+    n = len(columns["next.done"])
     frame = np.arange(n, dtype=np.int64)
 
     def vectors(x: np.ndarray):
         x = np.ascontiguousarray(x, dtype=np.float32)
         return pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1), pa.float32()), x.shape[1])
 
-    done = np.zeros(n, dtype=bool)
-    done[-1] = True
     return pa.table({
-        "observation.state": vectors(steps["state"]), "action": vectors(steps["action"]),
-        "next.success": pa.array(steps["success"].astype(bool)), "next.done": pa.array(done),
+        **{name: vectors(x) if x.ndim == 2 else pa.array(x) for name, x in columns.items()},
         "timestamp": pa.array((frame / fps).astype(np.float32)), "frame_index": pa.array(frame),
         "episode_index": pa.array(np.full(n, episode_index, dtype=np.int64)),
         "index": pa.array(first_index + frame), "task_index": pa.array(np.full(n, task_index, dtype=np.int64)),
@@ -191,8 +210,20 @@ def _card(info: dict[str, Any], recording: dict[str, Any]) -> str:
             + (f" (a smoke recording: every try cut at {recording['max_steps']} control steps)"
                if recording.get("max_steps") else "") + ". Both cameras are video features; "
             "`meta/episodes` adds each try's setup, try index, seed, success and flags; `meta/recording.json` "
-            "names the task list (sha256) the starts came from.\n\n"
-            "```json\n" + json.dumps(info, indent=2) + "\n```\n")
+            "names the task list (sha256) the starts came from.\n\n" + _expert_paragraph(info, recording)
+            + "```json\n" + json.dumps(info, indent=2) + "\n```\n")
+
+
+def _expert_paragraph(info: dict[str, Any], recording: dict[str, Any]) -> str:
+    """What the card says of ``action.expert``, in a perturbed recording (else nothing)."""
+    if EXPERT_ACTION not in info["features"]:
+        return ""
+    noise = (recording.get("options") or {}).get("noise")
+    return ("The scripted reference's action plus Gaussian noise"
+            + (f" (std {noise:g} per motion component, seeded per try)" if noise else "")
+            + " was executed (DART, Laskey et al. 2017): `action` is what the arm received, `action.expert` the "
+            "reference's clean action for the state reached (in its labeler mode), the label a learner trains "
+            "on; the gripper's command is never perturbed.\n\n")
 
 
 def write_dataset(root: Path, episodes: Sequence[EpisodeSource], recording: dict[str, Any], robot_type: str,
@@ -208,9 +239,9 @@ def write_dataset(root: Path, episodes: Sequence[EpisodeSource], recording: dict
     try:
         tasks: dict[str, int] = {}
         rows: list[dict[str, Any]] = []
-        all_states, all_actions, flags_cols = [], [], {k: [] for k in STEP_FLAGS}
+        per_step: dict[str, list[np.ndarray]] = {}  # each step feature's values, episode by episode
         image_stats: dict[str, list] = {c: [] for c in CAMERAS}
-        fps = frame_sizes = state_names = None
+        fps = frame_sizes = state_names = step_names = None
         data_file = (0, 0)
         writer = None
         video_parts: dict[str, list[Path]] = {c: [] for c in CAMERAS}
@@ -228,15 +259,18 @@ def write_dataset(root: Path, episodes: Sequence[EpisodeSource], recording: dict
 
         for e, src in enumerate(episodes):
             meta, steps = read_staged(src.folder)
+            columns = step_features(steps)
             if fps is None:
                 fps, frame_sizes, state_names = meta["fps"], meta["frame_size"], meta["joint_names"]
-            elif (meta["fps"], meta["frame_size"], meta["joint_names"]) != (fps, frame_sizes, state_names):
-                raise DatasetWriteError(f"staged episode {src.folder} differs from the first in fps, frame size or "
-                                        f"joints; rerun with --fresh")
+                step_names = list(columns)
+            elif (meta["fps"], meta["frame_size"], meta["joint_names"], list(columns)) != (
+                    fps, frame_sizes, state_names, step_names):
+                raise DatasetWriteError(f"staged episode {src.folder} differs from the first in fps, frame size, "
+                                        f"joints or step features ({EXPERT_ACTION}); rerun with --fresh")
             n = meta["length"]
             task = meta["instruction"]
             task_index = tasks.setdefault(task, len(tasks))
-            table = _data_table(steps, e, total, task_index, fps)
+            table = _data_table(columns, e, total, task_index, fps)
             path = work / DATA_PATH.format(chunk_index=data_file[0], file_index=data_file[1])
             if writer is not None and path.stat().st_size >= DATA_FILE_MB * 1e6:
                 writer.close()
@@ -268,12 +302,8 @@ def write_dataset(root: Path, episodes: Sequence[EpisodeSource], recording: dict
                         "try_index": meta["try_index"], "seed": meta["seed"], "split": meta["split"],
                         "success": bool(src.success), "flags": list(src.flags)})
             rows.append(row)
-            all_states.append(steps["state"])
-            all_actions.append(steps["action"])
-            flags_cols["next.success"].append(steps["success"])
-            done = np.zeros(n, dtype=bool)
-            done[-1] = True
-            flags_cols["next.done"].append(done)
+            for name, values in columns.items():
+                per_step.setdefault(name, []).append(values)
             total += n
             if progress is not None:
                 progress(1)
@@ -291,15 +321,15 @@ def write_dataset(root: Path, episodes: Sequence[EpisodeSource], recording: dict
         frame_of = np.concatenate([np.arange(r["length"]) for r in rows])
         task_of = np.concatenate([np.full(r["length"], tasks[r["tasks"][0]]) for r in rows])
         stats = {video_key(c): _image_stats(image_stats[c]) for c in CAMERAS}
-        stats["observation.state"] = _vector_stats(np.concatenate(all_states))
-        stats["action"] = _vector_stats(np.concatenate(all_actions))
-        for name in STEP_FLAGS:
-            stats[name] = _vector_stats(np.concatenate(flags_cols[name]).reshape(-1, 1))
+        for name, parts in per_step.items():
+            values = np.concatenate(parts)
+            stats[name] = _vector_stats(values.reshape(len(values), -1))  # a flag as a (N, 1) feature
         for name, values in (("timestamp", frame_of / fps), ("frame_index", frame_of), ("episode_index", episode_of),
                              ("index", index), ("task_index", task_of)):
             stats[name] = _vector_stats(np.asarray(values, dtype=np.float64).reshape(-1, 1))
         (meta_dir / "stats.json").write_text(json.dumps(stats, indent=1) + "\n")
-        info = {"codebase_version": CODEBASE_VERSION, "fps": fps, "features": features(state_names, frame_sizes, fps),
+        info = {"codebase_version": CODEBASE_VERSION, "fps": fps,
+                "features": features(state_names, frame_sizes, fps, expert_actions=EXPERT_ACTION in step_names),
                 "total_episodes": n_ep, "total_frames": total, "total_tasks": len(tasks), "chunks_size": CHUNKS_SIZE,
                 "data_files_size_in_mb": DATA_FILE_MB, "video_files_size_in_mb": VIDEO_FILE_MB, "data_path": DATA_PATH,
                 "video_path": VIDEO_PATH, "robot_type": robot_type, "splits": {"train": f"0:{n_ep}"}}

@@ -4,11 +4,13 @@ A staged episode is a folder ``<setup>_try<NNN>`` holding ``third_person.mp4``
 and ``wrist.mp4`` (the frames each step's action was chosen from, encoded as
 they arrive), ``steps.npz`` (per step: ``state``, the arm's joint positions
 including the gripper's; ``action``, what the controller received: the
-command clipped to [-1, 1] as the controller clips it; ``success``, the
-success predicate after the step) and ``episode.json`` (the instruction, the
-joint names, the frame sizes, and each camera's image statistics computed on
-the raw frames). It is written under a temporary name and renamed into place
-once complete, so a folder with that name is never a torn episode.
+command clipped to [-1, 1] as the controller clips it; ``action_expert``,
+only where the action sent was a perturbed one, the expert's label for the
+state, eval.policies.dart; ``success``, the success predicate after the step)
+and ``episode.json`` (the instruction, the joint names, the frame sizes, and
+each camera's image statistics computed on the raw frames). It is written
+under a temporary name and renamed into place once complete, so a folder with
+that name is never a torn episode.
 
 On a setup with control latency (F01, F02, G02) the
 arm applies a command that many steps after it was sent (env.task); the
@@ -60,11 +62,13 @@ class EpisodeRecording:
         self.samples: dict[str, list[np.ndarray]] = {c: [] for c in CAMERAS}
         self.states: list[np.ndarray] = []
         self.actions: list[np.ndarray] = []
+        self.expert_actions: list[np.ndarray] = []  # the expert's labels, where the policy gives them
         self.success: list[bool] = []
 
-    def add(self, frames: Sequence[np.ndarray], state: np.ndarray, action: np.ndarray) -> None:
-        """One step: the (third-person, wrist) frames the action was chosen from, the joint positions then, and
-        the action sent."""
+    def add(self, frames: Sequence[np.ndarray], state: np.ndarray, action: np.ndarray,
+            expert_action: np.ndarray | None = None) -> None:
+        """One step: the (third-person, wrist) frames the action was chosen from, the joint positions then, the
+        action sent, and the expert's label for the state where the action sent is not it (None: it is)."""
         if frames is None:
             raise StagedEpisodeError("a recorded step has no camera frames: the scene did not render it")
         k = len(self.states)
@@ -81,6 +85,8 @@ class EpisodeRecording:
                 self.samples[camera].append(frame[::STATS_PIXEL_STRIDE, ::STATS_PIXEL_STRIDE].reshape(-1, 3).copy())
         self.states.append(np.asarray(state, dtype=np.float32).copy())
         self.actions.append(np.clip(np.asarray(action, dtype=np.float32), -ACTION_BOUND, ACTION_BOUND))
+        if expert_action is not None:
+            self.expert_actions.append(np.asarray(expert_action, dtype=np.float32).copy())
 
     def step_result(self, success: bool) -> None:
         """The success predicate after the step just added."""
@@ -95,8 +101,12 @@ class EpisodeRecording:
         n = len(self.states)
         if n == 0 or len(self.success) != n:
             raise StagedEpisodeError(f"{self.folder.name}: {n} steps and {len(self.success)} results recorded")
+        if len(self.expert_actions) not in (0, n):
+            raise StagedEpisodeError(f"{self.folder.name}: {n} steps and {len(self.expert_actions)} expert labels "
+                                     f"recorded")
+        expert = {"action_expert": np.stack(self.expert_actions)} if self.expert_actions else {}
         np.savez(self.tmp / STEPS_FILE, state=np.stack(self.states), action=np.stack(self.actions),
-                 success=np.array(self.success, dtype=bool))
+                 success=np.array(self.success, dtype=bool), **expert)
         doc = {"v": STAGED_VERSION, **meta, "length": n, "fps": self.fps, "joint_names": self.joint_names,
                "frame_size": {c: list(self.sizes[c]) for c in CAMERAS},
                "image_stats": {c: image_stats(np.concatenate(self.samples[c]), n_frames=len(self.samples[c]))
@@ -133,12 +143,15 @@ def image_stats(pixels: np.ndarray, n_frames: int) -> dict[str, Any]:
 
 
 def read_staged(folder: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """(episode.json, the step arrays) of a staged episode; one-line StagedEpisodeError when it is damaged."""
+    """(episode.json, the step arrays: ``state``, ``action``, ``success``, and ``action_expert`` where the try
+    has expert labels) of a staged episode; one-line StagedEpisodeError when it is damaged."""
     folder = Path(folder)
     try:
         meta = json.loads((folder / EPISODE_FILE).read_text())
         with np.load(folder / STEPS_FILE) as z:
             steps = {k: z[k] for k in ("state", "action", "success")}
+            if "action_expert" in z.files:
+                steps["action_expert"] = z["action_expert"]
     except (OSError, ValueError, KeyError) as e:
         raise StagedEpisodeError(f"staged episode {folder} cannot be read ({' '.join(str(e).split())}); "
                                  f"rerun with --fresh") from None

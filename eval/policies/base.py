@@ -106,6 +106,12 @@ class Policy(abc.ABC):
         feeds = self.encode(observation)
         return self.decode(None if feeds is None else self.infer(feeds), 0)
 
+    def expert_label(self) -> np.ndarray | None:
+        """The action an expert gives the state of the last query where that is not the action returned (the
+        scripted reference's clean action while its perturbed one is executed: eval.policies.dart); None: the
+        action returned is its own label. A recorded try keeps it beside the action (``action.expert``)."""
+        return None
+
     def reads_observation(self, step: int) -> bool:
         """Whether the observation of control step ``step`` of a try (0: the one after reset) is read. The
         rollout renders the cameras only for steps some policy reads; the others get no images."""

@@ -15,7 +15,8 @@ is executed can differ, so that the data covers the states a learned policy
 drifts into, not only the reference's own path:
 
 * ``--noise S``: the reference's action plus Gaussian noise (S per motion unit,
-  seeded by the try) is executed (DART, Laskey et al. 2017). These are still
+  seeded by the try) is executed (DART, Laskey et al. 2017; eval.policies.dart,
+  which ``python -m eval.record --noise S`` runs too). These are still
   scripted runs: the track's definition of bc-state (BENCHMARK.md section 4,
   "trained on scripted runs from separate training starts"), and the recipe of
   the shipped weights;
@@ -46,54 +47,42 @@ import time
 import numpy as np
 
 from env.setups import resolve_setups
-from eval.policies.base import Policy
+from eval.policies.dart import NoisyReference
 from eval.training.state_features import VERSION
 
-NOISE_SEED_OFFSET = 7_919  # the noise stream of a try differs from its start's stream
 
-
-class DemoRecorder(Policy):
+class DemoRecorder(NoisyReference):
     """The policy a recording runs (through eval.rollout, as every evaluation): the scripted reference in its
     labeler mode labels every state; what is executed is its label, the label plus noise, or the learner's
-    action (see the module docstring). Each try's (states, labels, executed) are kept in ``tries``."""
+    action (see the module docstring; the label and the noise are eval.policies.dart's). Each try's (states,
+    labels, executed) are kept in ``tries``."""
 
     name = "demo-recorder"
-    observes = "state"
 
     def __init__(self, setup, noise: float, learner=None, beta: float = 0.0) -> None:
-        super().__init__()
-        self.setup, self.noise, self.learner, self.beta = setup, noise, learner, beta
+        super().__init__(setup, noise)
+        self.learner, self.beta = learner, beta
         self.tries: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def reset(self, instruction: str, seed: int | None = None) -> None:
-        from eval.policies.scripted import ScriptedPolicy
         from eval.training.state_features import ActionHistory
 
-        self.rng = np.random.default_rng(seed + NOISE_SEED_OFFSET)
-        self.expert = ScriptedPolicy(clearance=self.setup.clearance_m, latency_steps=self.setup.latency_steps,
-                                     labeler=True)
-        self.expert.reset(instruction)
+        super().reset(instruction, seed)
         self.history = ActionHistory()  # of the executed actions: what the learner will see of its own
         self.states, self.labels, self.sent = [], [], []
         self.tries.append((self.states, self.labels, self.sent))
 
     def act(self, observation):
-        from eval.policies.scripted import PENDING_REACH, POS_SCALE, ROT_SCALE
         from eval.training.state_features import policy_input
 
         x = policy_input(observation["state"], self.history)
-        label = self.expert.act(observation)
+        label = self.label(observation)
         executed = label
         if self.learner is not None and self.rng.random() >= self.beta:
             # the learner's input carries the history of what was sent, whoever sent it
             executed = self.learner.runner.infer({"state": x[None]})["action"][0]
-        if self.noise > 0:
-            executed = executed.copy()
-            executed[:6] = np.clip(executed[:6] + self.rng.normal(0.0, self.noise, 6), -1.0, 1.0)
-        if self.expert.latency_steps and executed is not label:
-            # the reference's latency predictor must count what was really sent, not its own wish
-            self.expert.pending[-1] = (executed[:3] * POS_SCALE, _rotation(PENDING_REACH * executed[3:6] * ROT_SCALE))
-        self.expert.observe_executed(executed)
+        executed = self.perturbed(executed)
+        self.observe_executed(executed)
         self.states.append(x)
         self.labels.append(label)
         self.sent.append(executed)
@@ -129,12 +118,6 @@ def _record_setup(job):
     finally:
         scenes.close()
     return setup_id, out
-
-
-def _rotation(rotvec):
-    from scipy.spatial.transform import Rotation
-
-    return Rotation.from_rotvec(rotvec)
 
 
 def main(argv=None) -> int:

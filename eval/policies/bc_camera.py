@@ -1,0 +1,77 @@
+"""bc-camera (track: adapted): a small convolutional policy on both cameras, the joint positions, the
+instruction and its last gripper command (engines.bc_camera), run by a runner the backend factory built (ONNX
+Runtime, TensorRT or torch; :class:`eval.request.BCCameraConfig` assembles it).
+
+Each step's frames go to the runner as the scene rendered them: numpy views on the CPU, the rendered CUDA
+tensors on a GPU (the graph averages them down itself, so nothing is resized or copied on the host). The
+policy asks at every step and executes the first action of the predicted chunk."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from engines.bc_camera import DEFAULT_WEIGHTS, BCCameraConfig, instruction_one_hot
+from engines.onnx_utils import sha256_file
+from eval.policies.base import BadActionError, Policy
+from eval.training.state_features import HISTORY_DIM, ActionHistory
+
+
+class BCCameraPolicy(Policy):
+    name = "bc-camera"
+    track = "adapted"
+    observes = "cameras"
+    batchable = True
+
+    def __init__(self, runner, config: BCCameraConfig, weights: str | Path | None = None) -> None:
+        """``runner``: the model's runner (``{"third_person", "wrist", "low_dim"} -> {"actions": (B, chunk, 7)}``);
+        ``config``: the network's (its weights file's); ``weights``: the file, named in the records."""
+        super().__init__()
+        if not all(0 <= i < HISTORY_DIM for i in config.history):
+            raise ValueError(f"bc-camera weights read action-history numbers {list(config.history)}; this code "
+                             f"keeps {HISTORY_DIM}")
+        self.runner, self.config = runner, config
+        self.backend = runner.name
+        self.weights = Path(weights) if weights else DEFAULT_WEIGHTS
+        self.weights_sha256 = sha256_file(self.weights)
+        self.history = ActionHistory()
+        self._instruction: np.ndarray | None = None
+
+    def reset(self, instruction: str, seed: int | None = None) -> None:
+        self.history.reset()
+        self._instruction = instruction_one_hot(instruction, self.config)
+
+    def encode(self, observation: Mapping[str, Any]) -> dict[str, Any]:
+        if self._instruction is None:
+            raise RuntimeError("bc-camera queried before reset")
+        images = observation.get("images")
+        if images is None:
+            raise RuntimeError("bc-camera reads every step's frames, and this step was not rendered")
+        proprio = np.asarray(observation["proprio"], np.float32)
+        if proprio.shape != (self.config.proprio_dim,):
+            raise BadActionError(f"bc-camera was trained on {self.config.proprio_dim} joint positions; this arm "
+                                 f"gives {proprio.shape[0] if proprio.ndim == 1 else proprio.shape}")
+        low = np.concatenate([proprio, self._instruction, self.history.vector()[list(self.config.history)]])[None]
+        return {"third_person": images["third_person"][None], "wrist": images["wrist"][None], "low_dim": low}
+
+    def decode(self, outputs: Mapping[str, np.ndarray] | None, row: int) -> np.ndarray:
+        action = np.array(outputs["actions"][row][0], dtype=np.float32)
+        self.history.update(action)  # the scene applies what is returned, so this is what was sent
+        return action
+
+    def prepare_batch(self, n: int) -> None:
+        """One call at batch n before the try (ONNX Runtime's and TensorRT's first run allocates)."""
+        from engines.bc_camera import dummy_inputs
+
+        self.infer(dummy_inputs(self.config, n))
+
+    def spawn(self) -> "BCCameraPolicy":
+        """A policy for another scene: same weights and runner, its own history, instruction and latencies."""
+        other = copy.copy(self)
+        other.history = ActionHistory()
+        other._instruction = None
+        other.latencies_ms, other.warmup_ms, other.stage_ms, other.queries = [], [], {}, 0
+        return other

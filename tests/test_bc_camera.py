@@ -1,0 +1,146 @@
+"""bc-camera (engines.bc_camera, eval.training.train_bc_camera, eval.policies.bc_camera): the graph averages the
+rendered frames down as the training cache does, its ONNX export runs as the torch network does, and training
+on a recording of python -m eval.record (tests/conftest.py's recorded_demos) gives weights that eval.run runs;
+a killed training resumes to the weights of an uninterrupted one; datasets of another task list or split and a
+work folder of another recipe are refused in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.tolerances import reblocking_bound
+
+torch = pytest.importorskip("torch")
+
+from engines import bc_camera  # noqa: E402
+
+
+def test_the_graph_averages_frames_as_the_training_cache_does():
+    """A rendered frame averaged inside the network equals the cache's uint8 average to its rounding (half a
+    level of 255)."""
+    rng = np.random.default_rng(0)
+    cfg = bc_camera.BCCameraConfig()
+    for name, side in cfg.cameras:
+        frames = rng.integers(0, 256, (3, side, side, 3), dtype=np.uint8)
+        f = cfg.pool(side)
+        inside = torch.nn.functional.avg_pool2d(torch.as_tensor(frames).permute(0, 3, 1, 2).float(), f).numpy()
+        cached = bc_camera.pool_frames(frames, f)
+        assert cached.shape == (3, 3, bc_camera.IMAGE_SIDE, bc_camera.IMAGE_SIDE)
+        assert np.max(np.abs(inside - cached)) <= 0.5 + 1e-4, name
+
+
+def test_onnx_export_runs_as_the_network_at_every_batch(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from engines.runners import OnnxRuntimeRunner
+
+    cfg = bc_camera.BCCameraConfig()
+    torch.manual_seed(1)
+    model = bc_camera.build(cfg).eval()
+    path = bc_camera.export_onnx(model, cfg, tmp_path / "bc_camera.onnx")
+    runner = OnnxRuntimeRunner(path, "cpu", intra_op_threads=1).activate()
+    feeds = bc_camera.dummy_inputs(cfg, batch=4, seed=2)
+    feeds["low_dim"] = np.random.default_rng(3).normal(size=feeds["low_dim"].shape).astype(np.float32)
+    ref = bc_camera.numpy_forward(model, feeds)
+    assert ref.shape == (4, cfg.chunk, cfg.action_dim)
+    got = runner.infer(feeds)["actions"]
+    # the same rows at other batch sizes give the spread another kernel blocking causes here
+    others = [np.concatenate([runner.infer({k: v[i:i + b] for k, v in feeds.items()})["actions"]
+                              for i in range(0, 4, b)]) for b in (1, 2)]
+    assert np.max(np.abs(got - ref)) <= reblocking_bound(ref, others + [got], factor=8.0)
+
+
+def _train(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "eval.training.train_bc_camera", "--quiet", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def trained(recorded_demos, tmp_path_factory):
+    demos, _ = recorded_demos
+    root = tmp_path_factory.mktemp("bc_camera")
+    args = ["--datasets", str(demos), "--work", str(root / "work"), "--out", str(root / "w.safetensors"),
+            "--report-dir", str(root / "report"), "--epochs", "2", "--batch", "64"]
+    return root, args, _train(*args)
+
+
+@pytest.mark.sim
+def test_training_on_a_recording_writes_weights_eval_run_runs(trained, tmp_path):
+    root, _, proc = trained
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    model, cfg, meta = bc_camera.load(root / "w.safetensors")
+    report = json.loads((root / "report" / "training.json").read_text())
+    assert report["episodes_used"] == report["episodes_recorded"] == 2  # both scripted tries succeed
+    assert report["labels"] == "action (successful episodes)" and len(report["history"]) == 2
+    assert 0 < report["weights_bytes"] <= 5_000_000 and report["flops_per_query"] > 1e6
+    assert report["peak_rss_mib"] > 0 and report["steps"] == report["train_steps"] + report["validation_steps"]
+    out = tmp_path / "run"
+    run = subprocess.run([sys.executable, "-m", "eval.run", "--model", "bc-camera", "--checkpoint",
+                          str(root / "w.safetensors"), "--split", "dev", "--setups", "A01", "--tries", "1",
+                          "--max-steps", "5", "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rec = json.loads((out / "tries.jsonl").read_text().splitlines()[0])
+    assert rec["model"] == "bc-camera" and rec["track"] == "adapted" and rec["backend"] == "ort"
+    assert rec["steps"] == 5 and rec["infer_queries"] == 5 and rec["step_ms"]["render"] > 0
+
+
+@pytest.mark.sim
+def test_the_same_command_again_resumes_and_another_recipe_is_refused(trained):
+    root, args, first = trained
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = _train(*args)
+    assert again.returncode == 0 and "resuming" in again.stdout and "after epoch 2 of 2" in again.stdout, again.stdout
+    other = _train(*[a if a != "2" else "3" for a in args])
+    assert other.returncode == 2 and "Traceback" not in other.stderr
+    assert other.stderr.strip().splitlines() == [
+        f"error: {root / 'work'} holds a training of another recipe; use --fresh to start this one there, or "
+        f"another --work"]
+
+
+@pytest.mark.sim
+def test_a_killed_training_resumes_to_the_uninterrupted_weights(recorded_demos, tmp_path):
+    """Interrupted after its first epoch's checkpoint, the run continues from it and ends with the weights an
+    uninterrupted run ends with (the same process, shuffles and augmentation drawn per epoch)."""
+    from eval.training import train_bc_camera as tbc
+
+    demos, _ = recorded_demos
+    recipe = tbc.Recipe(epochs=2, batch=64)
+    data = tbc.read_demos([demos], recipe.config, tmp_path / "frames", show=False)
+    whole, _, _ = tbc.train(data, recipe, tmp_path / "whole", show=False, log=lambda line: None)
+
+    def stop_after_first(line: str) -> None:
+        if line.startswith("epoch 1/2"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tbc.train(data, recipe, tmp_path / "cut", show=False, log=stop_after_first)
+    lines: list[str] = []
+    resumed, history, _ = tbc.train(data, recipe, tmp_path / "cut", show=False, log=lines.append)
+    assert lines[0].startswith(f"resuming {tmp_path / 'cut'} after epoch 1 of 2") and len(history) == 2
+    for name, t in whole.state_dict().items():
+        assert torch.equal(t, resumed.state_dict()[name]), name
+
+
+@pytest.mark.sim
+def test_a_dataset_of_another_task_list_or_split_is_refused(recorded_demos, tmp_path):
+    demos, _ = recorded_demos
+    for field, value, needle in (("tasklist_sha256", "0" * 64, "was recorded on another task list"),
+                                 ("split", "test", "records the 'test' split")):
+        copy = tmp_path / field
+        shutil.copytree(demos / "meta", copy / "meta")
+        rec = json.loads((copy / "meta" / "recording.json").read_text())
+        rec[field] = value
+        (copy / "meta" / "recording.json").write_text(json.dumps(rec))
+        proc = _train("--datasets", str(copy), "--work", str(tmp_path / "work"), "--out", str(tmp_path / "w"))
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith(f"error: {copy} ") and needle in line, line
+    missing = _train("--datasets", str(tmp_path / "nothing"), "--work", str(tmp_path / "work"))
+    assert missing.returncode == 2 and missing.stderr.startswith(f"error: {tmp_path / 'nothing'} is not a folder")
