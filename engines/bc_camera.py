@@ -1,7 +1,7 @@
 """bc-camera: a small convolutional policy that sees what the camera models see (both cameras, the arm's joint
 positions, the instruction) and its own last action, and predicts a chunk of actions.
 
-The network (``BCCameraConfig``; its FLOPs in ``flops_per_query``):
+The network (``BCCameraNetConfig``; its FLOPs in ``flops_per_query``):
 
 - each camera's frame enters as rendered, uint8 (N, H, W, 3): the graph itself averages it down to 64 x 64
   (third person 256 -> 64 by 4 x 4 blocks, wrist 128 -> 64 by 2 x 2), so a camera frame goes to the engine as
@@ -10,7 +10,7 @@ The network (``BCCameraConfig``; its FLOPs in ``flops_per_query``):
   image position of each of ``keypoints`` feature maps (Levine et al. 2016), two numbers each;
 - the low-dimensional input (``low_dim`` numbers): the joint positions, the instruction as a one-hot over
   every instruction, and the last gripper command sent with how long it has been held (2 of bc-state's 8
-  history numbers, eval.training.state_features.ActionHistory: ``BCCameraConfig.history``), normalised inside
+  history numbers, eval.training.state_features.ActionHistory: ``BCCameraNetConfig.history``), normalised inside
   the graph;
 - an MLP to ``chunk`` actions (action chunking, Zhao et al. 2023): trained on all of them, the policy executes
   the first and asks again at the next step. As bc-state's, the outputs are trained as signed square roots
@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engines.weights_file import BadCheckpointError, load_checked, read_checkpoint
 from env.instructions import all_instructions
 
 FORMAT = "shape-assembly-bench/bc-camera/1"
@@ -37,7 +38,7 @@ INPUT_NAMES = ("third_person", "wrist", "low_dim")
 
 
 @dataclass(frozen=True)
-class BCCameraConfig:
+class BCCameraNetConfig:
     # (observation key, rendered side in pixels): the project's cameras (env/arms.py), square frames
     cameras: tuple[tuple[str, int], ...] = (("third_person", 256), ("wrist", 128))
     proprio_dim: int = 9  # the Panda's 7 arm joints and 2 fingers, as Scenes.proprio gives them
@@ -64,11 +65,7 @@ class BCCameraConfig:
         return side // IMAGE_SIDE
 
 
-class BadCheckpointError(ValueError):
-    """Weights that do not match the model (one line)."""
-
-
-def instruction_one_hot(instruction: str, config: BCCameraConfig) -> np.ndarray:
+def instruction_one_hot(instruction: str, config: BCCameraNetConfig) -> np.ndarray:
     """The instruction as a one-hot over ``config.instructions``; one-line ValueError for another."""
     try:
         i = config.instructions.index(instruction)
@@ -87,7 +84,7 @@ def pool_frames(frames: np.ndarray, factor: int) -> np.ndarray:
     return np.clip(np.rint(x), 0, 255).astype(np.uint8).transpose(0, 3, 1, 2)
 
 
-def build(config: BCCameraConfig):
+def build(config: BCCameraNetConfig):
     import torch
     from torch import nn
 
@@ -152,7 +149,7 @@ def to_raw(actions):
     return (actions.sign() * actions.abs().sqrt()) if hasattr(actions, "sqrt") else np.sign(actions) * np.sqrt(np.abs(actions))
 
 
-def save(model, config: BCCameraConfig, path: str | Path, extra: dict | None = None) -> None:
+def save(model, config: BCCameraNetConfig, path: str | Path, extra: dict | None = None) -> None:
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -162,31 +159,17 @@ def save(model, config: BCCameraConfig, path: str | Path, extra: dict | None = N
     save_file(tensors, str(path), metadata=meta)
 
 
-def config_from_json(text: str) -> BCCameraConfig:
+def config_from_json(text: str) -> BCCameraNetConfig:
     d = json.loads(text)
-    return BCCameraConfig(**{**d, "cameras": tuple((str(n), int(s)) for n, s in d["cameras"]),
+    return BCCameraNetConfig(**{**d, "cameras": tuple((str(n), int(s)) for n, s in d["cameras"]),
                              "instructions": tuple(d["instructions"]), "channels": tuple(d["channels"]),
                              "hidden": tuple(d["hidden"]), "history": tuple(d["history"])})
 
 
 def load(path: str | Path = DEFAULT_WEIGHTS):
     """(model in eval mode, config, metadata); one-line BadCheckpointError on any mismatch."""
-    import torch
-    from safetensors import safe_open
-
     path = Path(path)
-    if not path.is_file():
-        raise BadCheckpointError(f"bc-camera weights {path} do not exist; train them with: "
-                                 f"python -m eval.training.train_bc_camera")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # noqa: BLE001 - safetensors raises several error types for bad files
-        raise BadCheckpointError(f"bc-camera weights {path} are corrupt or not safetensors ({e})") from None
-    if meta.get("format") != FORMAT:
-        raise BadCheckpointError(f"{path} is not a bc-camera checkpoint (format {meta.get('format')!r}, "
-                                 f"expected {FORMAT!r})")
+    tensors, meta = read_checkpoint(path, "bc-camera", FORMAT, "python -m eval.training.train_bc_camera")
     try:
         config = config_from_json(meta["config"])
     except KeyError:
@@ -194,31 +177,18 @@ def load(path: str | Path = DEFAULT_WEIGHTS):
                                  f"eval.training.train_bc_camera") from None
     except (TypeError, ValueError) as e:
         raise BadCheckpointError(f"{path} has a config this code cannot read ({e})") from None
-    if config.action_dim != BCCameraConfig.action_dim:
+    if config.action_dim != BCCameraNetConfig.action_dim:
         raise BadCheckpointError(f"{path} predicts {config.action_dim}-number actions; the scene takes "
-                                 f"{BCCameraConfig.action_dim}")
+                                 f"{BCCameraNetConfig.action_dim}")
     try:
         model = build(config)
     except ValueError as e:
         raise BadCheckpointError(f"{path}: {e}") from None
-    expected = model.state_dict()
-    for name, ref in expected.items():
-        if name not in tensors:
-            raise BadCheckpointError(f"{path} lacks tensor {name!r}")
-        if tuple(tensors[name].shape) != tuple(ref.shape):
-            raise BadCheckpointError(f"{path}: tensor {name!r} has shape {tuple(tensors[name].shape)}, "
-                                     f"expected {tuple(ref.shape)}")
-    unexpected = sorted(set(tensors) - set(expected))
-    if unexpected:
-        raise BadCheckpointError(f"{path} has unexpected tensors {', '.join(unexpected)}")
-    if not torch.all(tensors["low_std"] > 0) or not all(torch.isfinite(t).all() for t in tensors.values()):
-        raise BadCheckpointError(f"{path} holds non-finite weights or a non-positive normalisation std")
-    model.load_state_dict(tensors)
-    model.eval()
+    model = load_checked(model, tensors, path, positive=("low_std",))
     return model, config, meta
 
 
-def dummy_inputs(config: BCCameraConfig, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
+def dummy_inputs(config: BCCameraNetConfig, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
     """Feeds of the graph's shapes and dtypes (random frames, zero low-dimensional input)."""
     rng = np.random.default_rng(seed)
     feeds = {name: rng.integers(0, 256, (batch, side, side, 3), dtype=np.uint8) for name, side in config.cameras}
@@ -226,7 +196,7 @@ def dummy_inputs(config: BCCameraConfig, batch: int = 1, seed: int = 0) -> dict[
     return feeds
 
 
-def export_onnx(model, config: BCCameraConfig, path: str | Path, source: str = "") -> Path:
+def export_onnx(model, config: BCCameraNetConfig, path: str | Path, source: str = "") -> Path:
     """ONNX with a dynamic batch: inputs ``third_person`` (N, 256, 256, 3) and ``wrist`` (N, 128, 128, 3) uint8,
     ``low_dim`` (N, LOW_DIM) float32; output ``actions`` (N, chunk, 7)."""
     import torch

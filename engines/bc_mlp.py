@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engines.weights_file import BadCheckpointError, load_checked, read_checkpoint
+
 FORMAT = "shape-assembly-bench/bc-state/3"
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "bc_state.safetensors"
 
@@ -26,10 +28,6 @@ class BCConfig:
     # 4 mm and the gripper tilt and yaw error 29..31 at 0.02 rad. Normalised by their dataset spread
     # (decimetres, tenths of a radian) a 0.5 mm or 0.5 degree misalignment would be invisible to the net
     fine: tuple[tuple[int, int, float], ...] = ((16, 22, 0.004), (29, 32, 0.02))
-
-
-class BadCheckpointError(ValueError):
-    """Weights or normalisation that do not match the model (one line)."""
 
 
 def build(config: BCConfig):
@@ -73,20 +71,8 @@ def save(model, config: BCConfig, path: str | Path, extra: dict | None = None) -
 
 def load(path: str | Path = DEFAULT_WEIGHTS):
     """(model in eval mode, config, metadata); one-line BadCheckpointError on any mismatch."""
-    import torch
-    from safetensors import safe_open
-
     path = Path(path)
-    if not path.is_file():
-        raise BadCheckpointError(f"bc-state weights {path} do not exist; train them with: python -m eval.training.train_bc")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # noqa: BLE001 - safetensors raises several error types for bad files
-        raise BadCheckpointError(f"bc-state weights {path} are corrupt or not safetensors ({e})") from None
-    if meta.get("format") != FORMAT:
-        raise BadCheckpointError(f"{path} is not a bc-state checkpoint (format {meta.get('format')!r}, expected {FORMAT!r})")
+    tensors, meta = read_checkpoint(path, "bc-state", FORMAT, "python -m eval.training.train_bc")
     try:
         cfg_dict = json.loads(meta["config"])
     except KeyError:
@@ -102,24 +88,7 @@ def load(path: str | Path = DEFAULT_WEIGHTS):
     if config.state_dim != BCConfig.state_dim or config.action_dim != BCConfig.action_dim:
         raise BadCheckpointError(f"{path} maps {config.state_dim} -> {config.action_dim} numbers; this code's state "
                                  f"has {BCConfig.state_dim} and its action {BCConfig.action_dim}")
-    model = build(config)
-    expected = model.state_dict()
-    for name in ("obs_mean", "obs_std"):
-        if name not in tensors:
-            raise BadCheckpointError(f"{path} has no normalisation tensor {name!r}")
-    for name, ref in expected.items():
-        if name not in tensors:
-            raise BadCheckpointError(f"{path} lacks tensor {name!r}")
-        if tuple(tensors[name].shape) != tuple(ref.shape):
-            raise BadCheckpointError(f"{path}: tensor {name!r} has shape {tuple(tensors[name].shape)}, "
-                                     f"expected {tuple(ref.shape)}")
-    unexpected = sorted(set(tensors) - set(expected))
-    if unexpected:
-        raise BadCheckpointError(f"{path} has unexpected tensors {', '.join(unexpected)}")
-    if not torch.all(tensors["obs_std"] > 0) or not all(torch.isfinite(t).all() for t in tensors.values()):
-        raise BadCheckpointError(f"{path} holds non-finite weights or a non-positive normalisation std")
-    model.load_state_dict(tensors)
-    model.eval()
+    model = load_checked(build(config), tensors, path, positive=("obs_std",))
     return model, config, meta
 
 

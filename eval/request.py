@@ -397,86 +397,68 @@ class OctoCheckpointConfig(OctoConfig):
         self._check_horizon(self._horizon())
 
 
-@register_model("bc-state")
 @dataclass(frozen=True)
-class BCStateConfig(ModelConfig):
+class WeightsFileConfig(ModelConfig):
+    """A model of one weights file of the project (engines.backends.WEIGHTS_FILE_MODELS: bc-state, bc-camera):
+    the file (its default, or --checkpoint), checked strictly before any scene, and its runtime."""
+
     checkpoint: str | None = option(help=OctoConfig.__dataclass_fields__["checkpoint"].metadata["help"],
                                     metavar="PATH")
     backend: str | None = option(help=OctoConfig.__dataclass_fields__["backend"].metadata["help"])
     precision: str | None = option(help=OctoConfig.__dataclass_fields__["precision"].metadata["help"])
     engines: str | None = option(help=OctoConfig.__dataclass_fields__["engines"].metadata["help"], metavar="DIR")
     track: ClassVar[str] = "adapted"
-    family: ClassVar[str | None] = "bc-state"
-    description: ClassVar[str] = "MLP on exact state trained on scripted demos"
 
     def __post_init__(self):
         _check_backend_options(self.backend, self.precision)
         _absolute_engines(self)
 
-    def weights_path(self) -> Path:
-        from engines.bc_mlp import DEFAULT_WEIGHTS
+    def _model_file(self):
+        from engines.backends import WEIGHTS_FILE_MODELS
 
-        return Path(self.checkpoint) if self.checkpoint else DEFAULT_WEIGHTS
-
-    def check(self, runtime) -> None:
-        from engines.bc_mlp import load
-
-        load(self.weights_path())  # shapes, normalisation, metadata: BadCheckpointError in one line
-
-    def weights_sha256(self) -> str | None:
-        from eval.policies.bc_state import weights_sha256
-
-        return weights_sha256(self.checkpoint)
-
-    def policy(self, runtime=None, setup=None, arm="panda", **build):
-        from engines.backends import model_runner
-        from eval.policies.bc_state import BCStatePolicy
-
-        weights = self.weights_path()
-        return BCStatePolicy(model_runner("bc-state", runtime, weights=weights, engines=self.engines), weights)
-
-
-@register_model("bc-camera")
-@dataclass(frozen=True)
-class BCCameraConfig(ModelConfig):
-    checkpoint: str | None = option(help=OctoConfig.__dataclass_fields__["checkpoint"].metadata["help"],
-                                    metavar="PATH")
-    backend: str | None = option(help=OctoConfig.__dataclass_fields__["backend"].metadata["help"])
-    precision: str | None = option(help=OctoConfig.__dataclass_fields__["precision"].metadata["help"])
-    engines: str | None = option(help=OctoConfig.__dataclass_fields__["engines"].metadata["help"], metavar="DIR")
-    track: ClassVar[str] = "adapted"
-    observes: ClassVar[str] = "cameras"
-    family: ClassVar[str | None] = "bc-camera"
-    description: ClassVar[str] = "small CNN on both cameras, joints and instruction, trained on scripted demos"
-
-    def __post_init__(self):
-        _check_backend_options(self.backend, self.precision)
-        _absolute_engines(self)
+        return WEIGHTS_FILE_MODELS[self.family]
 
     def weights_path(self) -> Path:
-        from engines.bc_camera import DEFAULT_WEIGHTS
-
-        return Path(self.checkpoint) if self.checkpoint else DEFAULT_WEIGHTS
+        return Path(self.checkpoint) if self.checkpoint else self._model_file().weights()
 
     def check(self, runtime) -> None:
-        from engines.bc_camera import load
-
-        load(self.weights_path())  # shapes, normalisation, metadata: BadCheckpointError in one line
+        self._model_file().code().load(self.weights_path())  # shapes, normalisation, metadata: one line
 
     def weights_sha256(self) -> str | None:
         from engines.onnx_utils import sha256_file
 
         return sha256_file(self.weights_path())
 
-    def policy(self, runtime=None, setup=None, arm="panda", **build):
+    def runner(self, runtime):
         from engines.backends import model_runner
-        from engines.bc_camera import load
+
+        return model_runner(self.family, runtime, weights=self.weights_path(), engines=self.engines)
+
+
+@register_model("bc-state")
+@dataclass(frozen=True)
+class BCStateConfig(WeightsFileConfig):
+    family: ClassVar[str | None] = "bc-state"
+    description: ClassVar[str] = "MLP on exact state trained on scripted demos"
+
+    def policy(self, runtime=None, setup=None, arm="panda", **build):
+        from eval.policies.bc_state import BCStatePolicy
+
+        return BCStatePolicy(self.runner(runtime), self.weights_path())
+
+
+@register_model("bc-camera")
+@dataclass(frozen=True)
+class BCCameraConfig(WeightsFileConfig):
+    observes: ClassVar[str] = "cameras"
+    family: ClassVar[str | None] = "bc-camera"
+    description: ClassVar[str] = "small CNN on both cameras, joints and instruction, trained on scripted demos"
+
+    def policy(self, runtime=None, setup=None, arm="panda", **build):
         from eval.policies.bc_camera import BCCameraPolicy
 
-        weights = self.weights_path()
-        _, config, _ = load(weights)
-        return BCCameraPolicy(model_runner("bc-camera", runtime, weights=weights, engines=self.engines), config,
-                              weights)
+        _, config, _ = self._model_file().code().load(self.weights_path())
+        return BCCameraPolicy(self.runner(runtime), config, self.weights_path())
 
 
 @register_model("remote")

@@ -26,7 +26,7 @@ def test_the_graph_averages_frames_as_the_training_cache_does():
     """A rendered frame averaged inside the network equals the cache's uint8 average to its rounding (half a
     level of 255)."""
     rng = np.random.default_rng(0)
-    cfg = bc_camera.BCCameraConfig()
+    cfg = bc_camera.BCCameraNetConfig()
     for name, side in cfg.cameras:
         frames = rng.integers(0, 256, (3, side, side, 3), dtype=np.uint8)
         f = cfg.pool(side)
@@ -40,7 +40,7 @@ def test_onnx_export_runs_as_the_network_at_every_batch(tmp_path):
     pytest.importorskip("onnxruntime")
     from engines.runners import OnnxRuntimeRunner
 
-    cfg = bc_camera.BCCameraConfig()
+    cfg = bc_camera.BCCameraNetConfig()
     torch.manual_seed(1)
     model = bc_camera.build(cfg).eval()
     path = bc_camera.export_onnx(model, cfg, tmp_path / "bc_camera.onnx")

@@ -148,7 +148,7 @@ def test_bc_camera_device_frames_reach_its_engine_with_no_image_copy(tmp_path, m
 
     monkeypatch.setenv("SAB_CACHE_DIR", str(tmp_path / "cache"))
     f = fake_trt.install(monkeypatch, major=10)
-    config = bc_camera.BCCameraConfig()
+    config = bc_camera.BCCameraNetConfig()
     torch.manual_seed(0)
     weights = tmp_path / "bc_camera.safetensors"
     bc_camera.save(bc_camera.build(config), config, weights)

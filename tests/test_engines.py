@@ -190,7 +190,7 @@ def _bc_camera_weights(path: Path, seed: int = 0) -> Path:
     from engines import bc_camera
 
     torch.manual_seed(seed)
-    config = bc_camera.BCCameraConfig()
+    config = bc_camera.BCCameraNetConfig()
     bc_camera.save(bc_camera.build(config), config, path)
     return path
 

@@ -372,7 +372,7 @@ def _bc_camera_build(out: Path, *args: str) -> tuple[int, Path]:
     weights = out.parent / "weights" / "bc_camera.safetensors"
     if not weights.is_file():
         torch.manual_seed(0)
-        config = bc_camera.BCCameraConfig()
+        config = bc_camera.BCCameraNetConfig()
         bc_camera.save(bc_camera.build(config), config, weights)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(bc_camera, "DEFAULT_WEIGHTS", weights)

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from engines.bc_camera import DEFAULT_WEIGHTS, BCCameraConfig, instruction_one_hot
+from engines.bc_camera import DEFAULT_WEIGHTS, BCCameraNetConfig, instruction_one_hot
 from engines.onnx_utils import sha256_file
 from eval.policies.base import BadActionError, Policy
 from eval.training.state_features import HISTORY_DIM, ActionHistory
@@ -26,7 +26,7 @@ class BCCameraPolicy(Policy):
     observes = "cameras"
     batchable = True
 
-    def __init__(self, runner, config: BCCameraConfig, weights: str | Path | None = None) -> None:
+    def __init__(self, runner, config: BCCameraNetConfig, weights: str | Path | None = None) -> None:
         """``runner``: the model's runner (``{"third_person", "wrist", "low_dim"} -> {"actions": (B, chunk, 7)}``);
         ``config``: the network's (its weights file's); ``weights``: the file, named in the records."""
         super().__init__()

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.bc_camera import DEFAULT_WEIGHTS, IMAGE_SIDE, BCCameraConfig, build, pool_frames, save, to_raw
+from engines.bc_camera import DEFAULT_WEIGHTS, IMAGE_SIDE, BCCameraNetConfig, build, pool_frames, save, to_raw
 
 COLOUR = 0.1
 VAL_FRACTION = 0.05
@@ -65,7 +65,7 @@ class Recipe:
     lr: float = 1e-3
     weight_decay: float = 1e-4
     seed: int = 0
-    config: BCCameraConfig = field(default_factory=BCCameraConfig)
+    config: BCCameraNetConfig = field(default_factory=BCCameraNetConfig)
 
 
 # ------------------------------------------------------------------ reading a recorded dataset
@@ -132,7 +132,7 @@ def _vectors(table, name: str, width: int) -> np.ndarray:
     return np.asarray(col.flatten().to_numpy(zero_copy_only=False), np.float32).reshape(-1, width)
 
 
-def _frames_cache(root: Path, key: str, episodes: list[dict], n: int, config: BCCameraConfig, cache: Path,
+def _frames_cache(root: Path, key: str, episodes: list[dict], n: int, config: BCCameraNetConfig, cache: Path,
                   show: bool) -> dict[str, np.ndarray]:
     """Every step's frame of each camera, averaged to 64 x 64 (uint8 (n, 3, 64, 64)), decoded from the videos
     once and kept in ``cache`` under the dataset's key."""
@@ -186,7 +186,7 @@ def _frames_cache(root: Path, key: str, episodes: list[dict], n: int, config: BC
     return out
 
 
-def read_demos(roots: list[Path], config: BCCameraConfig, cache: Path, show: bool = True) -> Demos:
+def read_demos(roots: list[Path], config: BCCameraNetConfig, cache: Path, show: bool = True) -> Demos:
     """The training steps of the dataset folders (each checked: :func:`check_dataset`)."""
     import pyarrow.parquet as pq
 
@@ -363,7 +363,7 @@ def train(demos: Demos, recipe: Recipe, work: Path, show: bool = True, log=print
                             "validation_episodes": int(n_val)}
 
 
-def flops_per_query(model, config: BCCameraConfig) -> int:
+def flops_per_query(model, config: BCCameraNetConfig) -> int:
     """FLOPs of one query (batch 1) of the exported graph, counted by engines.flops (multiply-adds x 2)."""
     import tempfile
 
