@@ -67,7 +67,7 @@ MODEL_BACKENDS = {family: r.backends for family, r in MODEL_RUNTIMES.items()}
 @dataclass(frozen=True)
 class WeightsFileModel:
     """A model of one safetensors file of the project (bc-state, bc-camera): the module that loads, exports and
-    runs it (``DEFAULT_WEIGHTS``, ``load``, ``export_onnx``, ``onnx_for_weights``, ``torch_outputs``), its graph's
+    runs it (``DEFAULT_WEIGHTS``, ``load``, ``export_onnx``, ``torch_outputs``), its graph's
     stem in the engines folder, and the command that trains the weights where the file is missing."""
 
     module: str
@@ -81,6 +81,30 @@ class WeightsFileModel:
 
     def weights(self) -> Path:
         return Path(self.code().DEFAULT_WEIGHTS)  # read when asked: tests point it at a file of their own
+
+    def export(self, weights: Path, sha256: str, path: Path) -> Path:
+        """The ONNX graph of ``weights`` (of that sha256) at ``path``, recording :func:`weights_source` (what
+        ``make engines`` and a run's cached export both write, so that the two are the same bytes)."""
+        code = self.code()
+        net, config, _ = code.load(weights)
+        return code.export_onnx(net, config, path, source=weights_source(weights, sha256))
+
+    def onnx_for_weights(self, weights: Path, sha256: str) -> Path:
+        """The ONNX export of a weights file, made once and cached (sealed, :mod:`engines.cache`) under a name
+        from the weights' sha256; a damaged cached file (truncated, corrupt) is exported again."""
+        from engines.cache import onnx_dir, reuse, write_sealed
+
+        path = onnx_dir() / f"{self.stem}_{sha256[:16]}.onnx"
+        if not reuse(path, "ONNX export"):
+            write_sealed(path, lambda tmp: self.export(Path(weights), sha256, tmp))
+        return path
+
+
+def weights_source(weights: Path, sha256: str) -> str:
+    """The identity an export of ``weights`` (of that sha256) records (ONNX metadata ``source``): the same for the
+    engines folder's graph and a run's export of the same file, so that a run finds the TensorRT engines built
+    from it (their key is the graph's sha256)."""
+    return f"{Path(weights).name} sha256 {sha256[:16]}"
 
 
 WEIGHTS_FILE_MODELS = {
@@ -279,7 +303,7 @@ def _weights_file_runner(model: str, spec: BackendSpec, weights: Path, engines: 
     """bc-state's and bc-camera's runner from their weights file: torch runs the network itself; a graph backend
     runs the engines folder's graph where the folder holds one exported from these weights (its manifest names
     their sha256: what ``make engines`` built, nothing exported at run time), else the export made once and cached
-    (:func:`onnx_for_weights`, the same bytes: their TensorRT engines are found either way)."""
+    (:meth:`WeightsFileModel.onnx_for_weights`, the same bytes: their TensorRT engines are found either way)."""
     from engines import folder
     from engines.onnx_utils import sha256_file
 
@@ -297,7 +321,7 @@ def _weights_file_runner(model: str, spec: BackendSpec, weights: Path, engines: 
     if entry and (entry.get("weights") or {}).get("sha256") == digest:
         graph = folder.file_of(where, entry, (entry.get("graphs") or {}).get("model"), "graph", model)
     else:  # no folder, or one built from other weights (--checkpoint)
-        graph = code.onnx_for_weights(weights, digest)
+        graph = model_file.onnx_for_weights(weights, digest)
     graph = _graph_for(spec, graph, digest, model, (where / f"{model_file.stem}.onnx",))
     return make_runner(graph, spec, engines=engines, model=model)
 

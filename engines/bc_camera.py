@@ -1,68 +1,83 @@
-"""bc-camera: a small convolutional policy that sees what the camera models see (both cameras, the arm's joint
-positions, the instruction) and its own last action, and predicts a chunk of actions.
+"""bc-camera: a policy that sees what the camera models see (both cameras, the arm's joint positions, the
+instruction) and its own recent actions: a convolutional network estimates the scene's state from the frames,
+and bc-state's network acts on the estimate.
 
-The network (``BCCameraNetConfig``; its FLOPs in ``flops_per_query``):
+The graph (``BCCameraNetConfig``; its FLOPs in ``flops_per_query`` of eval.training.train_bc_camera):
 
-- each camera's frame enters as rendered, uint8 (N, H, W, 3): the graph itself averages it down to 64 x 64
-  (third person 256 -> 64 by 4 x 4 blocks, wrist 128 -> 64 by 2 x 2), so a camera frame goes to the engine as
-  the renderer wrote it (the zero-copy path on a GPU: no resize or layout change on the host);
-- per camera, four convolutions (5x5 stride 2, 3x3 stride 2, 3x3, 1x1) and a spatial softmax: the expected
-  image position of each of ``keypoints`` feature maps (Levine et al. 2016), two numbers each;
-- the low-dimensional input (``low_dim`` numbers): the joint positions, the instruction as a one-hot over
-  every instruction, and the last gripper command sent with how long it has been held (2 of bc-state's 8
-  history numbers, eval.training.state_features.ActionHistory: ``BCCameraNetConfig.history``), normalised inside
-  the graph;
-- an MLP to ``chunk`` actions (action chunking, Zhao et al. 2023): trained on all of them, the policy executes
-  the first and asks again at the next step. As bc-state's, the outputs are trained as signed square roots
-  (a 0.5 mm correction weighs like 7 cm, not like 0.5 mm) and squared inside the graph.
+- each camera's frame enters as rendered, uint8 (N, H, W, 3): the graph itself averages it down to
+  ``image_sides`` (third person 256 -> 64 by 4 x 4 blocks, wrist 128 -> 64 by 2 x 2), so a camera frame goes to
+  the engine as the renderer wrote it (the zero-copy path on a GPU: no resize or layout change on the host);
+- the **estimator**: per camera, four convolutions (5x5 stride 2, 3x3 stride 2, 3x3, 1x1) and a spatial softmax,
+  the expected image position of each of ``keypoints`` feature maps (Levine et al. 2016); with the joint
+  positions (and the sines and cosines of the arm's) and the instruction as a one-hot, an MLP to the 32 scene
+  features bc-state reads (eval.training.state_features: the target block's and hole's poses, the gripper's,
+  whether it holds the block). Trained on a recording's ``observation.environment_state``, which the policy
+  never observes (privileged supervision at training time only);
+- the **policy head**: bc-state's MLP (engines.bc_mlp, its weights copied in and frozen) on the estimate and the
+  8 action-history numbers (eval.training.state_features.ActionHistory), to the action. It reads the last
+  action sent, as bc-state does; the estimator does not (a network that sees it learns to copy it).
 
-Weights, the normalisation and the configuration live in one safetensors file; a file that does not match
-the code fails in one line naming what differs.
+The output keeps the runners' chunk axis: actions (N, 1, 7). Weights, the normalisation and the configuration
+(the head's too) live in one safetensors file; a file that does not match the code fails in one line naming
+what differs. Version 1 (an MLP from the keypoints straight to a chunk of actions) failed every dev try
+(docs/models.md).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from engines.bc_mlp import HISTORY_DIM, SCENE_DIM, BCConfig
+from engines.bc_mlp import build as build_policy_head
 from engines.weights_file import BadCheckpointError, load_checked, read_checkpoint
 from env.instructions import all_instructions
 
-FORMAT = "shape-assembly-bench/bc-camera/1"
+FORMAT = "shape-assembly-bench/bc-camera/2"
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "bc_camera.safetensors"
-IMAGE_SIDE = 64  # what each camera is averaged down to inside the graph
 INPUT_NAMES = ("third_person", "wrist", "low_dim")
+ARM_JOINTS = 7  # of the proprioception: the Panda's arm joints (revolute: their sines and cosines are inputs too)
 
 
 @dataclass(frozen=True)
 class BCCameraNetConfig:
     # (observation key, rendered side in pixels): the project's cameras (env/arms.py), square frames
     cameras: tuple[tuple[str, int], ...] = (("third_person", 256), ("wrist", 128))
+    # each camera's side once the graph has averaged it, in the order of ``cameras``; the keypoint maps are a
+    # quarter of it. The third person at 128 (2.5 x the FLOPs and training time) placed the block no better
+    # before the grasp than at 64 (docs/models.md)
+    image_sides: tuple[int, ...] = (64, 64)
     proprio_dim: int = 9  # the Panda's 7 arm joints and 2 fingers, as Scenes.proprio gives them
     instructions: tuple[str, ...] = all_instructions()
     channels: tuple[int, int, int] = (32, 32, 32)
     keypoints: int = 32
     hidden: tuple[int, ...] = (256, 256)
-    chunk: int = 8
     action_dim: int = 7
-    # which of the 8 action-history numbers (eval.training.state_features.ActionHistory: the last action sent,
-    # then its gripper command's hold) the network reads: the gripper command and its hold only, which tell the
-    # reference's timed gripper phases apart. Given the last motion too, it learns to copy it ("copycat", Wen et
-    # al. 2020): open loop its actions matched the reference's, but its first yaw command, copied from the
-    # try's initial hold, stayed 0 and it never turned to the block (dev A01)
-    history: tuple[int, ...] = (6, 7)
+    # bc-state's network (engines.bc_mlp.BCConfig) as the policy head
+    policy: BCConfig = field(default_factory=BCConfig)
 
     @property
     def low_dim(self) -> int:
-        return self.proprio_dim + len(self.instructions) + len(self.history)
+        """The graph's ``low_dim`` input: joint positions, instruction one-hot, then the action history."""
+        return self.proprio_dim + len(self.instructions) + HISTORY_DIM
 
-    def pool(self, side: int) -> int:
-        if side % IMAGE_SIDE:
-            raise ValueError(f"a camera of side {side} does not average down to {IMAGE_SIDE} pixels")
-        return side // IMAGE_SIDE
+    @property
+    def chunk(self) -> int:
+        return 1  # one action a query (the output keeps the runners' chunk axis)
+
+    def image_side(self, name: str) -> int:
+        """Camera ``name``'s side once the graph has averaged it."""
+        return self.image_sides[[n for n, _ in self.cameras].index(name)]
+
+    def pool(self, name: str) -> int:
+        """The averaging factor of camera ``name`` (its rendered side over its image side)."""
+        rendered, side = dict(self.cameras)[name], self.image_side(name)
+        if len(self.image_sides) != len(self.cameras) or side < 4 or rendered % side:
+            raise ValueError(f"a {name} camera of side {rendered} does not average down to {side} pixels")
+        return rendered // side
 
 
 def instruction_one_hot(instruction: str, config: BCCameraNetConfig) -> np.ndarray:
@@ -88,6 +103,11 @@ def build(config: BCCameraNetConfig):
     import torch
     from torch import nn
 
+    if config.policy.state_dim != SCENE_DIM + HISTORY_DIM or config.policy.action_dim != config.action_dim:
+        raise ValueError(f"the policy head maps {config.policy.state_dim} -> {config.policy.action_dim} numbers; "
+                         f"bc-camera feeds it {SCENE_DIM} scene + {HISTORY_DIM} history numbers for "
+                         f"{config.action_dim}-number actions")
+
     class SpatialSoftmax(nn.Module):
         """(N, K, H, W) maps -> (N, 2K): each map's softmax-weighted x and y in [-1, 1]."""
 
@@ -101,52 +121,60 @@ def build(config: BCCameraNetConfig):
             p = torch.softmax(maps.flatten(2), dim=-1)
             return torch.cat([p @ self.xs, p @ self.ys], dim=-1)
 
-    def encoder() -> nn.Module:
+    def encoder(name: str) -> nn.Module:
         c1, c2, c3 = config.channels
+        config.pool(name)  # a side the frames do not average down to is one line here
         return nn.Sequential(
             nn.Conv2d(3, c1, 5, stride=2, padding=2), nn.GELU(),
             nn.Conv2d(c1, c2, 3, stride=2, padding=1), nn.GELU(),
             nn.Conv2d(c2, c3, 3, padding=1), nn.GELU(),
             nn.Conv2d(c3, config.keypoints, 1),
-            SpatialSoftmax(IMAGE_SIDE // 4))
+            SpatialSoftmax(config.image_side(name) // 4))
+
+    seen = config.proprio_dim + len(config.instructions)  # the estimator's part of low_dim (no action history)
 
     class BCCameraNet(nn.Module):
         def __init__(self):
             super().__init__()
-            self.encoders = nn.ModuleDict({name: encoder() for name, _ in config.cameras})
-            dims = (2 * config.keypoints * len(config.cameras) + config.low_dim, *config.hidden)
+            self.encoders = nn.ModuleDict({name: encoder(name) for name, _ in config.cameras})
+            dims = (2 * config.keypoints * len(config.cameras) + seen + 2 * ARM_JOINTS, *config.hidden)
             layers: list[nn.Module] = []
             for a, b in zip(dims[:-1], dims[1:]):
                 layers += [nn.Linear(a, b), nn.GELU()]
-            layers.append(nn.Linear(dims[-1], config.chunk * config.action_dim))
-            self.head = nn.Sequential(*layers)
-            self.register_buffer("low_mean", torch.zeros(config.low_dim))
-            self.register_buffer("low_std", torch.ones(config.low_dim))
+            layers.append(nn.Linear(dims[-1], SCENE_DIM))
+            self.estimator = nn.Sequential(*layers)
+            self.register_buffer("low_mean", torch.zeros(seen))
+            self.register_buffer("low_std", torch.ones(seen))
+            self.register_buffer("scene_mean", torch.zeros(SCENE_DIM))
+            self.register_buffer("scene_std", torch.ones(SCENE_DIM))
+            self.policy = build_policy_head(config.policy)
+            self.policy.requires_grad_(False)  # bc-state's trained network, frozen
 
-        def raw(self, images: dict, low_dim):
-            """Trained space: ``images`` camera -> float (N, 3, 64, 64) in [0, 1]; signed square roots of the
-            chunk's actions (N, chunk, 7)."""
+        def estimate(self, images: dict, low_dim):
+            """The scene features (N, 32) from ``images`` (camera -> float (N, 3, side, side) in [0, 1], averaged
+            down to its image side) and the estimator's part of ``low_dim``."""
             feats = [self.encoders[name]((images[name] - 0.5) * 4.0) for name, _ in config.cameras]
-            x = torch.cat([*feats, (low_dim - self.low_mean) / self.low_std], dim=-1)
-            return torch.tanh(self.head(x)).reshape(-1, config.chunk, config.action_dim)
+            seen_part = low_dim[:, :seen]
+            joints = seen_part[:, :ARM_JOINTS]
+            x = torch.cat([*feats, (seen_part - self.low_mean) / self.low_std, torch.sin(joints), torch.cos(joints)],
+                          dim=-1)
+            return self.estimator(x) * self.scene_std + self.scene_mean
+
+        def act(self, scene, low_dim):
+            """The policy head's actions (N, 7) on scene features and the action history (``low_dim``'s last 8)."""
+            return self.policy(torch.cat([scene, low_dim[:, seen:]], dim=-1))
 
         def forward(self, third_person, wrist, low_dim):
             """Rendered uint8 frames (N, H, W, 3) of each camera and the low-dimensional input -> actions
-            (N, chunk, 7)."""
+            (N, 1, 7)."""
             images = {}
-            for (name, side), frame in zip(config.cameras, (third_person, wrist)):
+            for (name, _), frame in zip(config.cameras, (third_person, wrist)):
                 x = frame.float().permute(0, 3, 1, 2)  # cast first: TensorRT's Transpose on uint8 is not a given
-                f = config.pool(side)
+                f = config.pool(name)
                 images[name] = (torch.nn.functional.avg_pool2d(x, f) if f > 1 else x) / 255.0
-            r = self.raw(images, low_dim)
-            return torch.sign(r) * r * r
+            return self.act(self.estimate(images, low_dim), low_dim)[:, None, :]
 
     return BCCameraNet()
-
-
-def to_raw(actions):
-    """Actions -> the trained space (signed square roots); torch tensors or numpy."""
-    return (actions.sign() * actions.abs().sqrt()) if hasattr(actions, "sqrt") else np.sign(actions) * np.sqrt(np.abs(actions))
 
 
 def save(model, config: BCCameraNetConfig, path: str | Path, extra: dict | None = None) -> None:
@@ -161,9 +189,12 @@ def save(model, config: BCCameraNetConfig, path: str | Path, extra: dict | None 
 
 def config_from_json(text: str) -> BCCameraNetConfig:
     d = json.loads(text)
+    p = d["policy"]
+    policy = BCConfig(**{**p, "hidden": tuple(p["hidden"]), "fine": tuple(tuple(f) for f in p["fine"])})
     return BCCameraNetConfig(**{**d, "cameras": tuple((str(n), int(s)) for n, s in d["cameras"]),
+                             "image_sides": tuple(d["image_sides"]),
                              "instructions": tuple(d["instructions"]), "channels": tuple(d["channels"]),
-                             "hidden": tuple(d["hidden"]), "history": tuple(d["history"])})
+                             "hidden": tuple(d["hidden"]), "policy": policy})
 
 
 def load(path: str | Path = DEFAULT_WEIGHTS):
@@ -175,7 +206,7 @@ def load(path: str | Path = DEFAULT_WEIGHTS):
     except KeyError:
         raise BadCheckpointError(f"{path} has no 'config' metadata; save checkpoints with "
                                  f"eval.training.train_bc_camera") from None
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, KeyError) as e:
         raise BadCheckpointError(f"{path} has a config this code cannot read ({e})") from None
     if config.action_dim != BCCameraNetConfig.action_dim:
         raise BadCheckpointError(f"{path} predicts {config.action_dim}-number actions; the scene takes "
@@ -184,7 +215,7 @@ def load(path: str | Path = DEFAULT_WEIGHTS):
         model = build(config)
     except ValueError as e:
         raise BadCheckpointError(f"{path}: {e}") from None
-    model = load_checked(model, tensors, path, positive=("low_std",))
+    model = load_checked(model, tensors, path, positive=("low_std", "scene_std", "policy.obs_std"))
     return model, config, meta
 
 
@@ -198,7 +229,7 @@ def dummy_inputs(config: BCCameraNetConfig, batch: int = 1, seed: int = 0) -> di
 
 def export_onnx(model, config: BCCameraNetConfig, path: str | Path, source: str = "") -> Path:
     """ONNX with a dynamic batch: inputs ``third_person`` (N, 256, 256, 3) and ``wrist`` (N, 128, 128, 3) uint8,
-    ``low_dim`` (N, LOW_DIM) float32; output ``actions`` (N, chunk, 7)."""
+    ``low_dim`` (N, LOW_DIM) float32; output ``actions`` (N, 1, 7)."""
     import torch
 
     from engines.onnx_utils import check_onnx_file, set_metadata
@@ -221,20 +252,6 @@ def numpy_forward(model, feeds: dict[str, np.ndarray]) -> np.ndarray:
 
     with torch.no_grad():
         return model(*(torch.as_tensor(feeds[name]) for name in INPUT_NAMES)).numpy()
-
-
-def onnx_for_weights(weights: str | Path, sha256: str) -> Path:
-    """The ONNX export of a weights file, made once and cached (sealed, :mod:`engines.cache`) under a name from
-    the weights' sha256; a damaged cached file is exported again."""
-    from engines.cache import onnx_dir, reuse, write_sealed
-
-    weights = Path(weights)
-    digest = sha256[:16]
-    path = onnx_dir() / f"bc_camera_{digest}.onnx"
-    if not reuse(path, "ONNX export"):
-        model, config, _ = load(weights)
-        write_sealed(path, lambda tmp: export_onnx(model, config, tmp, source=f"{weights.name} sha256 {digest}"))
-    return path
 
 
 def torch_outputs(model, feeds) -> dict[str, np.ndarray]:

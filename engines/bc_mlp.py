@@ -17,11 +17,14 @@ from engines.weights_file import BadCheckpointError, load_checked, read_checkpoi
 
 FORMAT = "shape-assembly-bench/bc-state/3"
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "bc_state.safetensors"
+# the input's two parts (eval.training.state_features builds them): scene features, then the action history
+SCENE_DIM = 32
+HISTORY_DIM = 8
 
 
 @dataclass(frozen=True)
 class BCConfig:
-    state_dim: int = 40
+    state_dim: int = SCENE_DIM + HISTORY_DIM
     action_dim: int = 7
     hidden: tuple[int, ...] = (256, 256, 256)
     # fine-scale copies, tanh(x / scale), of (first, end, scale) state slices: the relative vectors 16..21 at
@@ -114,20 +117,6 @@ def numpy_forward(model, state: np.ndarray) -> np.ndarray:
 
     with torch.no_grad():
         return model(torch.as_tensor(state, dtype=torch.float32)).numpy()
-
-
-def onnx_for_weights(weights: str | Path, sha256: str) -> Path:
-    """The ONNX export of a weights file, made once and cached (sealed, :mod:`engines.cache`) under a name
-    from the weights' sha256; a damaged cached file (truncated, corrupt) is exported again."""
-    from engines.cache import onnx_dir, reuse, write_sealed
-
-    weights = Path(weights)
-    digest = sha256[:16]
-    path = onnx_dir() / f"bc_state_{digest}.onnx"
-    if not reuse(path, "ONNX export"):
-        model, config, _ = load(weights)
-        write_sealed(path, lambda tmp: export_onnx(model, config, tmp, source=f"{weights.name} sha256 {digest}"))
-    return path
 
 
 def torch_outputs(model, feeds) -> dict[str, np.ndarray]:

@@ -55,7 +55,7 @@ import time
 import types
 from pathlib import Path
 
-from engines.backends import WEIGHTS_FILE_MODELS
+from engines.backends import WEIGHTS_FILE_MODELS, weights_source
 from engines.octo.config import RANDOM_WEIGHTS_LABEL
 from engines.octo.export import BUILD_DIR as OUT  # build/engines of this checkout
 
@@ -68,25 +68,17 @@ def missing_weights(model: str) -> str | None:
     return None if path.is_file() else f"no {model} weights at {path}; train them with: {spec.train}"
 
 
-def _weights_source(weights: Path) -> str:
-    """The identity an export of ``weights`` records (ONNX metadata ``source``): the one the model's
-    ``onnx_for_weights`` writes too, so that the engines folder's graph and a run's export of the same file are
-    the same bytes, and a run finds the TensorRT engines built from it (their key is the graph's sha256)."""
-    from engines.onnx_utils import sha256_file
-
-    return f"{weights.name} sha256 {sha256_file(weights)[:16]}"
-
-
 def _weights_file_onnx(model: str):
     def export(out: Path, args) -> list[tuple[str, Path, str]]:
+        from engines.onnx_utils import sha256_file
+
         spec = WEIGHTS_FILE_MODELS[model]
-        code, weights = spec.code(), spec.weights()
-        source = _weights_source(weights)
+        weights = spec.weights()
+        digest = sha256_file(weights)
         path = out / f"{spec.stem}.onnx"
-        if path.is_file() and _metadata_or_none(path).get("source") == source:  # these weights exported before
+        if path.is_file() and _metadata_or_none(path).get("source") == weights_source(weights, digest):  # done before
             return [("onnx", path, " (unchanged)")]
-        net, config, _ = code.load(weights)
-        return [("onnx", code.export_onnx(net, config, path, source=source), "")]
+        return [("onnx", spec.export(weights, digest, path), "")]
 
     return export
 
@@ -98,8 +90,9 @@ def _weights_file_entry(model: str, built: list, int8: Path | None) -> tuple[dic
 
     weights = WEIGHTS_FILE_MODELS[model].weights()
     graphs = {"model": built[0][1].name, **({"model_int8": int8.name} if int8 is not None else {})}
+    digest = sha256_file(weights)
     entry = {"model": model, "family": model, "graphs": graphs, "random_weights": False,
-             "weights": {"file": weights.name, "sha256": sha256_file(weights)}, "source": _weights_source(weights)}
+             "weights": {"file": weights.name, "sha256": digest}, "source": weights_source(weights, digest)}
     return entry, sorted(graphs.values())
 
 

@@ -452,7 +452,8 @@ class BCStateConfig(WeightsFileConfig):
 class BCCameraConfig(WeightsFileConfig):
     observes: ClassVar[str] = "cameras"
     family: ClassVar[str | None] = "bc-camera"
-    description: ClassVar[str] = "small CNN on both cameras, joints and instruction, trained on scripted demos"
+    description: ClassVar[str] = ("CNN state estimate from both cameras, joints and instruction, bc-state acting "
+                                  "on it")
 
     def policy(self, runtime=None, setup=None, arm="panda", **build):
         from eval.policies.bc_camera import BCCameraPolicy

@@ -339,7 +339,11 @@ def rollout(scenes: Scenes, members: Sequence[Policy], split: str, try_indices: 
         full[idx] = actions
         for j, i in enumerate(idx):
             if recorders[i] is not None:  # the frames this action was chosen from: the scene has not stepped yet
-                recorders[i].add(scenes.frames(i), scenes.proprio(i), actions[j], members[i].expert_label())
+                from eval.training.state_features import state_vector
+
+                state = observations[j].get("state") or scenes.observations([i], "state")[0]["state"]
+                recorders[i].add(scenes.frames(i), scenes.proprio(i), state_vector(state), actions[j],
+                                 members[i].expert_label())
         clipped[idx] += np.any(np.abs(actions) > ACTION_BOUND, axis=1)
         queries[idx] += ran
         render = np.zeros(n, dtype=bool)

@@ -289,12 +289,13 @@ def test_bad_bc_state_weights_fail_before_any_scene_and_are_not_recorded(tmp_pat
 
 
 def test_a_corrupt_cached_onnx_export_is_rebuilt(tmp_path, monkeypatch):
+    from engines.backends import WEIGHTS_FILE_MODELS
     from engines.bc_mlp import DEFAULT_WEIGHTS
-    from engines.bc_mlp import onnx_for_weights as onnx_for
     from eval.policies.bc_state import weights_sha256
 
     monkeypatch.setenv("SAB_CACHE_DIR", str(tmp_path))
     sha = weights_sha256()
+    onnx_for = WEIGHTS_FILE_MODELS["bc-state"].onnx_for_weights
     path = onnx_for(DEFAULT_WEIGHTS, sha)
     good = path.read_bytes()
     path.write_bytes(good[: len(good) // 3])  # truncated, as a killed copy leaves it

@@ -1,6 +1,7 @@
 """bc-camera (engines.bc_camera, eval.training.train_bc_camera, eval.policies.bc_camera): the graph averages the
 rendered frames down as the training cache does, its ONNX export runs as the torch network does, and training
-on a recording of python -m eval.record (tests/conftest.py's recorded_demos) gives weights that eval.run runs;
+the estimator on a recording of python -m eval.record (tests/conftest.py's recorded_demos) gives weights, with
+bc-state's network copied in as the head, that eval.run runs;
 a killed training resumes to the weights of an uninterrupted one; datasets of another task list or split and a
 work folder of another recipe are refused in one line."""
 
@@ -19,7 +20,13 @@ from tests.tolerances import reblocking_bound
 
 torch = pytest.importorskip("torch")
 
-from engines import bc_camera  # noqa: E402
+from engines import bc_camera, bc_mlp  # noqa: E402
+
+
+def bc_state_sha256() -> str:
+    from engines.onnx_utils import sha256_file
+
+    return sha256_file(bc_mlp.DEFAULT_WEIGHTS)
 
 
 def test_the_graph_averages_frames_as_the_training_cache_does():
@@ -29,10 +36,10 @@ def test_the_graph_averages_frames_as_the_training_cache_does():
     cfg = bc_camera.BCCameraNetConfig()
     for name, side in cfg.cameras:
         frames = rng.integers(0, 256, (3, side, side, 3), dtype=np.uint8)
-        f = cfg.pool(side)
+        f = cfg.pool(name)
         inside = torch.nn.functional.avg_pool2d(torch.as_tensor(frames).permute(0, 3, 1, 2).float(), f).numpy()
         cached = bc_camera.pool_frames(frames, f)
-        assert cached.shape == (3, 3, bc_camera.IMAGE_SIDE, bc_camera.IMAGE_SIDE)
+        assert cached.shape == (3, 3, cfg.image_side(name), cfg.image_side(name))
         assert np.max(np.abs(inside - cached)) <= 0.5 + 1e-4, name
 
 
@@ -75,9 +82,18 @@ def test_training_on_a_recording_writes_weights_eval_run_runs(trained, tmp_path)
     root, _, proc = trained
     assert proc.returncode == 0, proc.stderr[-3000:]
     model, cfg, meta = bc_camera.load(root / "w.safetensors")
+    # the head is bc-state's network, copied in unchanged
+    head, _, _ = bc_mlp.load(bc_mlp.DEFAULT_WEIGHTS)
+    for name, t in head.state_dict().items():
+        assert torch.equal(model.policy.state_dict()[name], t), name
     report = json.loads((root / "report" / "training.json").read_text())
-    assert report["episodes_used"] == report["episodes_recorded"] == 2  # both scripted tries succeed
-    assert report["labels"] == "action (successful episodes)" and len(report["history"]) == 2
+    assert report["episodes_used"] == 2 and len(report["history"]) == 2
+    assert report["labels"] == "observation.environment_state (every episode)"
+    assert report["policy_head"]["sha256"] == bc_state_sha256()
+    assert 0 < report["parameters_trained"] < report["parameters"]
+    errors = report["final"]["validation"]["errors"]
+    assert set(errors) == {"start", "before_grasp", "grasped"} and errors["start"]["steps"] >= 1
+    assert {"block_mm", "block_minus_tcp_mm", "hole_minus_block_mm", "yaw_err_deg"} <= set(errors["before_grasp"])
     assert 0 < report["weights_bytes"] <= 5_000_000 and report["flops_per_query"] > 1e6
     assert report["peak_rss_mib"] > 0 and report["steps"] == report["train_steps"] + report["validation_steps"]
     out = tmp_path / "run"
@@ -113,16 +129,17 @@ def test_a_killed_training_resumes_to_the_uninterrupted_weights(recorded_demos, 
     demos, _ = recorded_demos
     recipe = tbc.Recipe(epochs=2, batch=64)
     data = tbc.read_demos([demos], recipe.config, tmp_path / "frames", show=False)
-    whole, _, _ = tbc.train(data, recipe, tmp_path / "whole", show=False, log=lambda line: None)
+    head = bc_mlp.DEFAULT_WEIGHTS
+    whole, _, _ = tbc.train(data, recipe, tmp_path / "whole", head, show=False, log=lambda line: None)
 
     def stop_after_first(line: str) -> None:
         if line.startswith("epoch 1/2"):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        tbc.train(data, recipe, tmp_path / "cut", show=False, log=stop_after_first)
+        tbc.train(data, recipe, tmp_path / "cut", head, show=False, log=stop_after_first)
     lines: list[str] = []
-    resumed, history, _ = tbc.train(data, recipe, tmp_path / "cut", show=False, log=lines.append)
+    resumed, history, _ = tbc.train(data, recipe, tmp_path / "cut", head, show=False, log=lines.append)
     assert lines[0].startswith(f"resuming {tmp_path / 'cut'} after epoch 1 of 2") and len(history) == 2
     for name, t in whole.state_dict().items():
         assert torch.equal(t, resumed.state_dict()[name]), name
@@ -132,7 +149,8 @@ def test_a_killed_training_resumes_to_the_uninterrupted_weights(recorded_demos, 
 def test_a_dataset_of_another_task_list_or_split_is_refused(recorded_demos, tmp_path):
     demos, _ = recorded_demos
     for field, value, needle in (("tasklist_sha256", "0" * 64, "was recorded on another task list"),
-                                 ("split", "test", "records the 'test' split")):
+                                 ("split", "test", "records the 'test' split"),
+                                 ("environment_state", None, "has no observation.environment_state of")):
         copy = tmp_path / field
         shutil.copytree(demos / "meta", copy / "meta")
         rec = json.loads((copy / "meta" / "recording.json").read_text())
@@ -144,3 +162,7 @@ def test_a_dataset_of_another_task_list_or_split_is_refused(recorded_demos, tmp_
         assert line.startswith(f"error: {copy} ") and needle in line, line
     missing = _train("--datasets", str(tmp_path / "nothing"), "--work", str(tmp_path / "work"))
     assert missing.returncode == 2 and missing.stderr.startswith(f"error: {tmp_path / 'nothing'} is not a folder")
+    no_head = _train("--datasets", str(demos), "--work", str(tmp_path / "work"), "--policy", str(tmp_path / "none"))
+    assert no_head.returncode == 2 and no_head.stderr.strip().splitlines() == [
+        f"error: --policy {tmp_path / 'none'} does not exist; give bc-state weights (python -m eval.training.train_bc "
+        f"makes them)"]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from engines import trt
+from engines.backends import WEIGHTS_FILE_MODELS
 from engines.onnx_utils import BadModelFileError, check_onnx_file, metadata
 from engines.runners import JaxRunner, OnnxRuntimeRunner, TensorRtRunner, ort_providers
 
@@ -238,7 +239,7 @@ def test_build_exports_bc_camera_beside_bc_state_into_one_folder(tmp_path, capsy
     assert entry["files"] == {"bc_camera.onnx": sha256_file(out / "bc_camera.onnx")}
     assert manifest["models"]["bc-state"]["weights"]["sha256"] == sha256_file(state_weights)
     # a run of these weights exports the same bytes: the engines built from the folder's graph are its engines
-    assert sha256_file(bc_camera.onnx_for_weights(weights, digest)) == entry["files"]["bc_camera.onnx"]
+    assert sha256_file(WEIGHTS_FILE_MODELS["bc-camera"].onnx_for_weights(weights, digest)) == entry["files"]["bc_camera.onnx"]
     assert build.main(["--out", str(out), "--models", "bc-camera", "--ort-precisions", "fp32"]) == 0
     again = capsys.readouterr().out.splitlines()
     assert any(line.split()[:3] == ["bc-camera", "onnx", "built"] and "(unchanged)" in line for line in again)

@@ -151,6 +151,38 @@ def test_each_episode_frames_are_where_its_timestamps_say(dataset):
         assert own[0] < 8 and own[0] < min(own[1:] + others), (k, own, others)
 
 
+def test_environment_state_is_the_scenes_state_features(dataset):
+    """observation.environment_state (LeRobot's key for a simulator's state) holds bc-state's 32 scene features
+    of the step's scene: at each episode's first step, those of its try's start built anew; at a successful try's
+    last step, a block in its hole (the success predicate: at most 6 mm off in xy, 26 mm below the plate top)."""
+    from env.setups import get_setup
+    from env.tasklist import load
+    from eval.rollout import Scenes
+    from eval.training.state_features import SCENE_NAMES, VERSION, state_vector
+
+    out, _ = dataset
+    info = json.loads((out / "meta/info.json").read_text())
+    assert info["features"]["observation.environment_state"] == {"dtype": "float32", "shape": [32],
+                                                                  "names": list(SCENE_NAMES)}
+    assert json.loads((out / "meta/recording.json").read_text())["environment_state"] == VERSION
+    episodes = _table(out / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    env_state = np.array(_table(out / "data/chunk-000/file-000.parquet").column("observation.environment_state")
+                         .to_pylist(), dtype=np.float32)
+    tl = load("train")
+    for e in episodes:
+        scenes = Scenes(get_setup(e["setup"]), 1, cameras=False)
+        try:
+            scenes.reset([tl.seed(e["setup"], e["try_index"])], [tl.start(e["setup"], e["try_index"])])
+            expected = state_vector(scenes.observations([0], "state")[0]["state"])
+        finally:
+            scenes.close()
+        np.testing.assert_array_equal(env_state[e["dataset_from_index"]], expected)
+        last = env_state[e["dataset_to_index"] - 1]
+        hole_minus_block = last[SCENE_NAMES.index("hole_minus_block_x"):SCENE_NAMES.index("hole_minus_block_y") + 1]
+        assert e["success"] and np.linalg.norm(hole_minus_block) <= 0.006
+        assert last[SCENE_NAMES.index("plate_top_minus_block_bottom")] >= 0.026 - 1e-6
+
+
 def test_stats_cover_every_feature_as_lerobot_writes_them(dataset):
     out, _ = dataset
     stats = json.loads((out / "meta/stats.json").read_text())

@@ -14,7 +14,10 @@ file holds, ``dataset_reader.py`` for what a read needs)::
 
 What this project adds, all in files or columns LeRobot's reader leaves alone:
 the episodes table's ``setup``, ``try_index``, ``seed``, ``split``, ``success``
-and ``flags`` columns, per step ``next.success`` and ``next.done`` (and, in a
+and ``flags`` columns, per step ``observation.environment_state`` (LeRobot's key for
+a simulator's state, ``OBS_ENV_STATE``: here bc-state's 32 scene features, the
+labels a camera policy's state estimator trains on), ``next.success`` and
+``next.done`` (and, in a
 recording whose executed actions were perturbed, ``eval.record --noise``,
 ``action.expert``: the expert's label for the state reached), and
 ``meta/recording.json`` (the run: model, task list sha256, setups, appearance).

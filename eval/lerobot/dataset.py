@@ -22,6 +22,8 @@ import numpy as np
 
 from eval.lerobot import CODEBASE_VERSION
 from eval.lerobot.episode import CAMERAS, QUANTILES, read_staged
+from eval.training.state_features import SCENE_NAMES
+from eval.training.state_features import VERSION as STATE_FEATURES_VERSION
 from eval.video import VIDEO_CODEC_NAME, VIDEO_PIX_FMT
 
 # LeRobot's defaults (datasets/utils.py DEFAULT_CHUNK_SIZE, DEFAULT_DATA_FILE_SIZE_IN_MB, DEFAULT_VIDEO_FILE_SIZE_IN_MB,
@@ -42,6 +44,10 @@ STEP_FLAGS = ("next.success", "next.done")  # the success predicate after the st
 # a perturbed recording's (eval.policies.dart): the expert's label for the state reached, where ``action`` is what
 # was executed
 EXPERT_ACTION = "action.expert"
+# LeRobot's key for a simulator's privileged state (utils/constants.py OBS_ENV_STATE; its PushT datasets carry
+# one): here the scene features bc-state reads (eval.training.state_features), for training a camera policy to
+# estimate them; no camera policy observes it
+ENVIRONMENT_STATE = "observation.environment_state"
 
 
 class DatasetWriteError(ValueError):
@@ -155,6 +161,7 @@ def features(state_names: Sequence[str], frame_sizes: dict[str, Sequence[int]], 
             "info": {"video.height": h, "video.width": w, "video.codec": VIDEO_CODEC_NAME, "video.pix_fmt": VIDEO_PIX_FMT,
                      "video.is_depth_map": False, "video.fps": fps, "video.channels": 3, "has_audio": False}}
     out["observation.state"] = {"dtype": "float32", "shape": [len(state_names)], "names": list(state_names)}
+    out[ENVIRONMENT_STATE] = {"dtype": "float32", "shape": [len(SCENE_NAMES)], "names": list(SCENE_NAMES)}
     out["action"] = {"dtype": "float32", "shape": [len(ACTION_NAMES)], "names": list(ACTION_NAMES)}
     if expert_actions:
         out[EXPERT_ACTION] = {"dtype": "float32", "shape": [len(ACTION_NAMES)], "names": list(ACTION_NAMES)}
@@ -171,7 +178,8 @@ def step_features(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     n = len(steps["state"])
     done = np.zeros(n, dtype=bool)
     done[-1] = True
-    out = {"observation.state": steps["state"], "action": steps["action"]}
+    out = {"observation.state": steps["state"], ENVIRONMENT_STATE: steps["environment_state"],
+           "action": steps["action"]}
     if "action_expert" in steps:
         out[EXPERT_ACTION] = steps["action_expert"]
     out["next.success"] = steps["success"].astype(bool)
@@ -210,7 +218,10 @@ def _card(info: dict[str, Any], recording: dict[str, Any]) -> str:
             + (f" (a smoke recording: every try cut at {recording['max_steps']} control steps)"
                if recording.get("max_steps") else "") + ". Both cameras are video features; "
             "`meta/episodes` adds each try's setup, try index, seed, success and flags; `meta/recording.json` "
-            "names the task list (sha256) the starts came from.\n\n" + _expert_paragraph(info, recording)
+            "names the task list (sha256) the starts came from. `observation.environment_state` is the simulator's "
+            "state of the scene as the state policies read it (the target block's and hole's poses, the gripper's; "
+            f"{recording['environment_state']}): no camera policy observes it, but one may be trained to estimate "
+            "it.\n\n" + _expert_paragraph(info, recording)
             + "```json\n" + json.dumps(info, indent=2) + "\n```\n")
 
 
@@ -333,7 +344,7 @@ def write_dataset(root: Path, episodes: Sequence[EpisodeSource], recording: dict
                 "total_episodes": n_ep, "total_frames": total, "total_tasks": len(tasks), "chunks_size": CHUNKS_SIZE,
                 "data_files_size_in_mb": DATA_FILE_MB, "video_files_size_in_mb": VIDEO_FILE_MB, "data_path": DATA_PATH,
                 "video_path": VIDEO_PATH, "robot_type": robot_type, "splits": {"train": f"0:{n_ep}"}}
-        recording = {**recording, "episodes": n_ep, "frames": total,
+        recording = {**recording, "environment_state": STATE_FEATURES_VERSION, "episodes": n_ep, "frames": total,
                      "successful_episodes": int(sum(r["success"] for r in rows))}
         (work / RECORDING_FILE).write_text(json.dumps(recording, indent=1) + "\n")
         (work / "README.md").write_text(_card(info, recording))

@@ -3,7 +3,11 @@
 A staged episode is a folder ``<setup>_try<NNN>`` holding ``third_person.mp4``
 and ``wrist.mp4`` (the frames each step's action was chosen from, encoded as
 they arrive), ``steps.npz`` (per step: ``state``, the arm's joint positions
-including the gripper's; ``action``, what the controller received: the
+including the gripper's; ``environment_state``, the scene's state as
+bc-state reads it (eval.training.state_features.state_vector: the target
+block's and hole's poses, the gripper's, whether it holds the block), which a
+camera policy never observes but may be trained to estimate; ``action``, what
+the controller received: the
 command clipped to [-1, 1] as the controller clips it; ``action_expert``,
 only where the action sent was a perturbed one, the expert's label for the
 state, eval.policies.dart; ``success``, the success predicate after the step)
@@ -33,7 +37,7 @@ from eval.video import video_writer
 CAMERAS = ("third_person", "wrist")  # the (third-person, wrist) frames of eval.rollout.Scenes.frames
 EPISODE_FILE = "episode.json"
 STEPS_FILE = "steps.npz"
-STAGED_VERSION = 1
+STAGED_VERSION = 2  # 2: environment_state
 # image statistics from every 4th frame's every 4th pixel row and column: about 1/64 of a try's pixels
 STATS_FRAME_STRIDE = 4
 STATS_PIXEL_STRIDE = 4
@@ -61,14 +65,16 @@ class EpisodeRecording:
         self.sizes: dict[str, tuple[int, int]] = {}
         self.samples: dict[str, list[np.ndarray]] = {c: [] for c in CAMERAS}
         self.states: list[np.ndarray] = []
+        self.environment_states: list[np.ndarray] = []
         self.actions: list[np.ndarray] = []
         self.expert_actions: list[np.ndarray] = []  # the expert's labels, where the policy gives them
         self.success: list[bool] = []
 
-    def add(self, frames: Sequence[np.ndarray], state: np.ndarray, action: np.ndarray,
-            expert_action: np.ndarray | None = None) -> None:
+    def add(self, frames: Sequence[np.ndarray], state: np.ndarray, environment_state: np.ndarray,
+            action: np.ndarray, expert_action: np.ndarray | None = None) -> None:
         """One step: the (third-person, wrist) frames the action was chosen from, the joint positions then, the
-        action sent, and the expert's label for the state where the action sent is not it (None: it is)."""
+        scene's state features then, the action sent, and the expert's label for the state where the action sent
+        is not it (None: it is)."""
         if frames is None:
             raise StagedEpisodeError("a recorded step has no camera frames: the scene did not render it")
         k = len(self.states)
@@ -84,6 +90,7 @@ class EpisodeRecording:
             if k % STATS_FRAME_STRIDE == 0:
                 self.samples[camera].append(frame[::STATS_PIXEL_STRIDE, ::STATS_PIXEL_STRIDE].reshape(-1, 3).copy())
         self.states.append(np.asarray(state, dtype=np.float32).copy())
+        self.environment_states.append(np.asarray(environment_state, dtype=np.float32).copy())
         self.actions.append(np.clip(np.asarray(action, dtype=np.float32), -ACTION_BOUND, ACTION_BOUND))
         if expert_action is not None:
             self.expert_actions.append(np.asarray(expert_action, dtype=np.float32).copy())
@@ -105,7 +112,8 @@ class EpisodeRecording:
             raise StagedEpisodeError(f"{self.folder.name}: {n} steps and {len(self.expert_actions)} expert labels "
                                      f"recorded")
         expert = {"action_expert": np.stack(self.expert_actions)} if self.expert_actions else {}
-        np.savez(self.tmp / STEPS_FILE, state=np.stack(self.states), action=np.stack(self.actions),
+        np.savez(self.tmp / STEPS_FILE, state=np.stack(self.states),
+                 environment_state=np.stack(self.environment_states), action=np.stack(self.actions),
                  success=np.array(self.success, dtype=bool), **expert)
         doc = {"v": STAGED_VERSION, **meta, "length": n, "fps": self.fps, "joint_names": self.joint_names,
                "frame_size": {c: list(self.sizes[c]) for c in CAMERAS},
@@ -143,13 +151,14 @@ def image_stats(pixels: np.ndarray, n_frames: int) -> dict[str, Any]:
 
 
 def read_staged(folder: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """(episode.json, the step arrays: ``state``, ``action``, ``success``, and ``action_expert`` where the try
+    """(episode.json, the step arrays: ``state``, ``environment_state``, ``action``, ``success``, and
+    ``action_expert`` where the try
     has expert labels) of a staged episode; one-line StagedEpisodeError when it is damaged."""
     folder = Path(folder)
     try:
         meta = json.loads((folder / EPISODE_FILE).read_text())
         with np.load(folder / STEPS_FILE) as z:
-            steps = {k: z[k] for k in ("state", "action", "success")}
+            steps = {k: z[k] for k in ("state", "environment_state", "action", "success")}
             if "action_expert" in z.files:
                 steps["action_expert"] = z["action_expert"]
     except (OSError, ValueError, KeyError) as e:

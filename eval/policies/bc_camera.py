@@ -1,10 +1,11 @@
-"""bc-camera (track: adapted): a small convolutional policy on both cameras, the joint positions, the
-instruction and its last gripper command (engines.bc_camera), run by a runner the backend factory built (ONNX
-Runtime, TensorRT or torch; :class:`eval.request.BCCameraConfig` assembles it).
+"""bc-camera (track: adapted): a convolutional estimate of the scene's state from both cameras, the joint
+positions and the instruction, and bc-state's network acting on it with the policy's own action history
+(engines.bc_camera), run by a runner the backend factory built (ONNX Runtime, TensorRT or torch;
+:class:`eval.request.BCCameraConfig` assembles it). It never observes the simulator's state.
 
 Each step's frames go to the runner as the scene rendered them: numpy views on the CPU, the rendered CUDA
 tensors on a GPU (the graph averages them down itself, so nothing is resized or copied on the host). The
-policy asks at every step and executes the first action of the predicted chunk."""
+policy asks at every step."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 from engines.bc_camera import DEFAULT_WEIGHTS, BCCameraNetConfig, instruction_one_hot
 from engines.onnx_utils import sha256_file
 from eval.policies.base import BadActionError, Policy
-from eval.training.state_features import HISTORY_DIM, ActionHistory
+from eval.training.state_features import ActionHistory
 
 
 class BCCameraPolicy(Policy):
@@ -30,9 +31,6 @@ class BCCameraPolicy(Policy):
         """``runner``: the model's runner (``{"third_person", "wrist", "low_dim"} -> {"actions": (B, chunk, 7)}``);
         ``config``: the network's (its weights file's); ``weights``: the file, named in the records."""
         super().__init__()
-        if not all(0 <= i < HISTORY_DIM for i in config.history):
-            raise ValueError(f"bc-camera weights read action-history numbers {list(config.history)}; this code "
-                             f"keeps {HISTORY_DIM}")
         self.runner, self.config = runner, config
         self.backend = runner.name
         self.weights = Path(weights) if weights else DEFAULT_WEIGHTS
@@ -54,7 +52,7 @@ class BCCameraPolicy(Policy):
         if proprio.shape != (self.config.proprio_dim,):
             raise BadActionError(f"bc-camera was trained on {self.config.proprio_dim} joint positions; this arm "
                                  f"gives {proprio.shape[0] if proprio.ndim == 1 else proprio.shape}")
-        low = np.concatenate([proprio, self._instruction, self.history.vector()[list(self.config.history)]])[None]
+        low = np.concatenate([proprio, self._instruction, self.history.vector()])[None]
         return {"third_person": images["third_person"][None], "wrist": images["wrist"][None], "low_dim": low}
 
     def decode(self, outputs: Mapping[str, np.ndarray] | None, row: int) -> np.ndarray:

@@ -41,11 +41,16 @@ from typing import Mapping
 
 import numpy as np
 
+from engines.bc_mlp import HISTORY_DIM, SCENE_DIM
 from env import geometry
 from eval.policies.base import HOLD_ACTION
 
-SCENE_DIM = 32
-HISTORY_DIM = 8
+# one name per scene feature, in order (the table above): the names of a recording's observation.environment_state
+SCENE_NAMES = ("tcp_x", "tcp_y", "tcp_z", "grip_cos", "grip_sin", "opening", "block_x", "block_y", "block_z",
+               "block_hole_yaw_cos", "block_hole_yaw_sin", "grip_knob_cos", "grip_knob_sin", "hole_x", "hole_y",
+               "plate_top_z", "block_minus_tcp_x", "block_minus_tcp_y", "block_minus_tcp_z", "hole_minus_block_x",
+               "hole_minus_block_y", "plate_top_minus_block_bottom", "tilt", "grasped", "shape_circle",
+               "shape_square", "shape_triangle", "hole_yaw_cos", "hole_yaw_sin", "tcp_tilt_x", "tcp_tilt_y", "yaw_err")
 STATE_DIM = SCENE_DIM + HISTORY_DIM
 VERSION = "eval.training.state_features v3 (32 scene + 8 history numbers)"
 GRIPPER_HOLD_CAP = 12  # steps; the reference's longest fixed gripper phase is 6 + 3 latency steps

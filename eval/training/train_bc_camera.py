@@ -1,32 +1,36 @@
 """Train bc-camera (engines.bc_camera) on recorded demonstrations, on the CPU, resumably.
 
-    python -m eval.record --split train --setups all --tries 4 --noise 0.1 --out data/demos_cam_n01
-    python -m eval.training.train_bc_camera --datasets data/demos_cam_n01 --work build/train_bc_camera \\
+    python -m eval.record --split train --setups all --tries 10 --noise 0.02 --out data/demos_cam_env_n002
+    python -m eval.training.train_bc_camera --datasets data/demos_cam_env_n002 --work build/train_bc_camera \\
         --out engines/weights/bc_camera.safetensors
 
 The demonstrations are LeRobotDataset v3.0 folders as ``python -m eval.record`` writes them (docs/datasets.md),
 of the train split's starts only: a folder recorded on another task list (its ``meta/recording.json``
-``tasklist_sha256`` is not this code's train list) or another split is refused in one line. The label of a
-step is ``action.expert`` where the recording has it (``--noise``: the reference's action for the state
-reached, every step used), else ``action`` (what was executed; successful episodes only).
+``tasklist_sha256`` is not this code's train list), another split, or without this code's
+``observation.environment_state`` is refused in one line.
+
+What is trained is the estimator: from both cameras, the joint positions and the instruction to the scene's
+state features (``observation.environment_state``, eval.training.state_features). The policy head is bc-state's
+network (``--policy``, default the shipped engines/weights/bc_state.safetensors), copied into the weights file
+and frozen. Every recorded step is used, successful try or not: its label is the scene's true state.
 
 The recipe (what ``training.json`` reports):
 
-- inputs: both cameras averaged to 64 x 64 (the graph's own first step), the joint positions, the instruction
-  (one-hot) and the last gripper command sent with its hold, computed from the executed actions as the policy
-  computes them at evaluation (eval.training.state_features.ActionHistory; engines.bc_camera says why not the
-  last motion);
+- loss, in what bc-state reads: the squared error of the estimate in bc-state's input normalisation plus its
+  fine-scale copies (engines.bc_mlp: the relative vectors at 4 mm, the tilts and yaw error at 0.02 rad), plus
+  ``Recipe.action_weight`` x the squared error of bc-state's action (trained space, signed square roots) on the
+  estimate against its action on the true state, with the step's true action history;
 - augmentation: each camera's brightness and contrast scaled by up to ``COLOUR`` relative, per sample, and its
   frame shifted by up to ``Recipe.shift`` pixels (edge pixels repeated; DrQ, Kostrikov et al. 2020; 0 by
-  default: see Recipe);
-- targets: the next ``chunk`` labels of the episode (the last one repeated past its end), as signed square roots;
-  mean squared error, AdamW, cosine learning rate; whole episodes held out for validation;
+  default: both cameras are fixed to the scene or the gripper, so where a thing is in the frame says where it is);
+- AdamW, cosine learning rate; whole episodes held out for validation, on which the errors that matter are
+  reported in their units (block to gripper and block to hole in mm, yaw error in degrees);
 - the frames are decoded once into a uint8 cache (``WORK/frames``), reused by later runs on the same folders.
 
-``WORK`` holds the run: ``train.json`` (what it trains: the folders' identities and the recipe),
-``checkpoint.pt`` (written after every epoch, atomically) and ``training.json``. Rerunning the same command
-continues from the last finished epoch; another recipe or other folders into the same ``WORK`` are refused in
-one line unless ``--fresh``.
+``WORK`` holds the run: ``train.json`` (what it trains: the folders' identities, the policy head's and the
+recipe), ``checkpoint.pt`` (written after every epoch, atomically) and ``training.json``. Rerunning the same
+command continues from the last finished epoch; another recipe or other folders into the same ``WORK`` are
+refused in one line unless ``--fresh``.
 """
 
 from __future__ import annotations
@@ -43,11 +47,13 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.bc_camera import DEFAULT_WEIGHTS, IMAGE_SIDE, BCCameraNetConfig, build, pool_frames, save, to_raw
+from engines.bc_camera import DEFAULT_WEIGHTS, BCCameraNetConfig, build, pool_frames, save
+from engines.bc_mlp import DEFAULT_WEIGHTS as BC_STATE_WEIGHTS
+from engines.bc_mlp import HISTORY_DIM, SCENE_DIM
 
 COLOUR = 0.1
 VAL_FRACTION = 0.05
-FORMAT = "shape-assembly-bench/train-bc-camera/1"
+FORMAT = "shape-assembly-bench/train-bc-camera/2"
 
 
 class TrainingInputError(ValueError):
@@ -58,12 +64,13 @@ class TrainingInputError(ValueError):
 class Recipe:
     epochs: int = 12
     batch: int = 256
-    # random shift of each frame by up to this many pixels of 64 (DrQ). 0: both cameras are fixed to the scene
-    # or the gripper, so where the block is in the frame is what says where to move; trained with 4 (6% of the
-    # frame) the network lost the block's position (it moved as the average demonstration moves, dev 0/14)
+    # random shift of each frame by up to this many pixels (DrQ). 0: both cameras are fixed to the scene
+    # or the gripper, so where the block is in the frame is what says where it is; version 1, trained with 4
+    # (6% of the frame), lost the block's position
     shift: int = 0
     lr: float = 1e-3
     weight_decay: float = 1e-4
+    action_weight: float = 1.0  # of the policy head's action error beside the feature error
     seed: int = 0
     config: BCCameraNetConfig = field(default_factory=BCCameraNetConfig)
 
@@ -71,16 +78,15 @@ class Recipe:
 # ------------------------------------------------------------------ reading a recorded dataset
 @dataclass
 class Demos:
-    """Every step of the folders' used episodes, in order: uint8 frames per camera (N, 3, 64, 64), the
-    low-dimensional input (N, LOW_DIM), the chunk labels (N, chunk, 7) and each step's episode number."""
+    """Every step of the folders' episodes, in order: uint8 frames per camera (N, 3, side, side), the
+    low-dimensional input (N, LOW_DIM: joints, instruction, action history), the scene's true state features
+    (N, 32) and each step's episode number."""
 
     frames: dict[str, np.ndarray]
     low_dim: np.ndarray
-    labels: np.ndarray
+    scene: np.ndarray
     episode: np.ndarray
     episodes_used: int
-    episodes_recorded: int
-    relabeled: bool
 
 
 def _json(path: Path, what: str) -> dict:
@@ -113,6 +119,13 @@ def check_dataset(root: Path) -> dict:
         raise TrainingInputError(f"{root} was recorded on another task list (train sha256 "
                                  f"{str(rec.get('tasklist_sha256'))[:16]}..., this code's is {train.sha256[:16]}...); "
                                  f"record it again with python -m eval.record --split train")
+    from eval.lerobot.dataset import ENVIRONMENT_STATE
+    from eval.training.state_features import VERSION
+
+    if ENVIRONMENT_STATE not in info.get("features", {}) or rec.get("environment_state") != VERSION:
+        raise TrainingInputError(f"{root} has no {ENVIRONMENT_STATE} of {VERSION!r} (it has "
+                                 f"{rec.get('environment_state')!r}), the estimator's labels; record it again with "
+                                 f"this code's python -m eval.record --split train")
     return rec
 
 
@@ -134,7 +147,7 @@ def _vectors(table, name: str, width: int) -> np.ndarray:
 
 def _frames_cache(root: Path, key: str, episodes: list[dict], n: int, config: BCCameraNetConfig, cache: Path,
                   show: bool) -> dict[str, np.ndarray]:
-    """Every step's frame of each camera, averaged to 64 x 64 (uint8 (n, 3, 64, 64)), decoded from the videos
+    """Every step's frame of each camera, averaged to its image side (uint8 (n, 3, side, side)), decoded from the videos
     once and kept in ``cache`` under the dataset's key."""
     from tqdm import tqdm
 
@@ -143,14 +156,15 @@ def _frames_cache(root: Path, key: str, episodes: list[dict], n: int, config: BC
 
     out = {}
     for camera, side in config.cameras:
-        path = cache / f"{key[:24]}_{camera}.npy"
+        image = config.image_side(camera)
+        path = cache / f"{key[:24]}_{camera}_{image}.npy"
         if path.is_file():
             arr = np.load(path, mmap_mode="r")
-            if arr.shape == (n, 3, IMAGE_SIDE, IMAGE_SIDE):
+            if arr.shape == (n, 3, image, image):
                 out[camera] = arr
                 continue
         vkey = video_key(camera)
-        arr = np.empty((n, 3, IMAGE_SIDE, IMAGE_SIDE), np.uint8)
+        arr = np.empty((n, 3, image, image), np.uint8)
         by_file: dict[tuple[int, int], list[dict]] = {}
         for e in episodes:
             by_file.setdefault((e[f"videos/{vkey}/chunk_index"], e[f"videos/{vkey}/file_index"]), []).append(e)
@@ -172,7 +186,7 @@ def _frames_cache(root: Path, key: str, episodes: list[dict], n: int, config: BC
                 pending.append(frame)
                 if len(pending) == current["length"]:
                     lo = current["dataset_from_index"]
-                    arr[lo:lo + len(pending)] = pool_frames(np.stack(pending), config.pool(side))
+                    arr[lo:lo + len(pending)] = pool_frames(np.stack(pending), config.pool(camera))
                     bar.update(len(pending))
                     current, pending = None, []
             if current is not None or len([e for e in eps]) != len(starts):
@@ -188,74 +202,58 @@ def _frames_cache(root: Path, key: str, episodes: list[dict], n: int, config: BC
 
 def read_demos(roots: list[Path], config: BCCameraNetConfig, cache: Path, show: bool = True) -> Demos:
     """The training steps of the dataset folders (each checked: :func:`check_dataset`)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from eval.training.state_features import HISTORY_DIM, ActionHistory
+    from engines.bc_camera import instruction_one_hot
+    from eval.lerobot.dataset import ENVIRONMENT_STATE
+    from eval.training.state_features import ActionHistory
 
-    if not all(0 <= i < HISTORY_DIM for i in config.history):
-        raise TrainingInputError(f"the config reads action-history numbers {list(config.history)}; "
-                                 f"eval.training.state_features keeps {HISTORY_DIM}")
     parts = []
-    relabeled_all = None
-    recorded = 0
     for root in roots:
         check_dataset(root)
         key = dataset_key(root)
         episodes = []
         for p in sorted((root / "meta" / "episodes").rglob("*.parquet")):
             episodes += pq.read_table(p).to_pylist()
-        data = [pq.read_table(p) for p in sorted((root / "data").rglob("*.parquet"))]
-        import pyarrow as pa
-
-        table = pa.concat_tables(data)
+        table = pa.concat_tables([pq.read_table(p) for p in sorted((root / "data").rglob("*.parquet"))])
         n = table.num_rows
         if n != sum(e["length"] for e in episodes):
             raise TrainingInputError(f"{root}: its data tables hold {n} steps, its episodes {sum(e['length'] for e in episodes)}")
-        state = _vectors(table, "observation.state", config.proprio_dim) if table.schema.field(
-            "observation.state").type.list_size == config.proprio_dim else None
-        if state is None:
-            raise TrainingInputError(f"{root}: observation.state has {table.schema.field('observation.state').type.list_size} "
-                                     f"numbers, bc-camera's proprioception {config.proprio_dim}")
+        for name, width in (("observation.state", config.proprio_dim), (ENVIRONMENT_STATE, SCENE_DIM),
+                            ("action", config.action_dim)):
+            if table.schema.field(name).type.list_size != width:
+                raise TrainingInputError(f"{root}: {name} has {table.schema.field(name).type.list_size} numbers; "
+                                         f"bc-camera reads {width}")
+        state = _vectors(table, "observation.state", config.proprio_dim)
+        scene = _vectors(table, ENVIRONMENT_STATE, SCENE_DIM)
         executed = _vectors(table, "action", config.action_dim)
-        relabeled = "action.expert" in table.schema.names
-        labels = _vectors(table, "action.expert", config.action_dim) if relabeled else executed
-        if relabeled_all is not None and relabeled_all != relabeled:
-            raise TrainingInputError("the folders mix recordings with and without --noise; train on one kind")
-        relabeled_all = relabeled
         tasks = pq.read_table(root / "meta" / "tasks.parquet").to_pandas()
         task_of = {int(i): str(t) for t, i in zip(tasks.index, tasks["task_index"])}
         task_index = table.column("task_index").to_numpy()
         frames = _frames_cache(root, key, episodes, n, config, cache, show)
-        from engines.bc_camera import instruction_one_hot
-
-        recorded += len(episodes)
         for e in episodes:
-            if not (relabeled or e["success"]):
-                continue
             lo, hi = e["dataset_from_index"], e["dataset_to_index"]
             history, hist = ActionHistory(), []
-            for a in executed[lo:hi]:
-                hist.append(history.vector()[list(config.history)])
+            for a in executed[lo:hi]:  # what the policy's ActionHistory holds when it is asked at each step
+                hist.append(history.vector())
                 history.update(a)
             onehot = instruction_one_hot(task_of[int(task_index[lo])], config)
             low = np.concatenate([state[lo:hi], np.repeat(onehot[None], hi - lo, 0), np.stack(hist)], axis=1)
-            steps = np.arange(hi - lo)
-            ahead = np.minimum(steps[:, None] + np.arange(config.chunk)[None], hi - lo - 1)
-            parts.append((root, lo, hi, low, labels[lo:hi][ahead], frames))
+            parts.append((lo, hi, low, scene[lo:hi], frames))
     if not parts:
-        raise TrainingInputError(f"no episode to train on in {', '.join(map(str, roots))} (a recording without "
-                                 f"--noise gives its successful episodes only)")
+        raise TrainingInputError(f"no episode to train on in {', '.join(map(str, roots))}")
     cams = [c for c, _ in config.cameras]
-    return Demos(frames={c: np.concatenate([np.asarray(p[5][c][p[1]:p[2]]) for p in parts]) for c in cams},
-                 low_dim=np.concatenate([p[3] for p in parts]).astype(np.float32),
-                 labels=np.concatenate([p[4] for p in parts]).astype(np.float32),
-                 episode=np.concatenate([np.full(p[2] - p[1], i) for i, p in enumerate(parts)]),
-                 episodes_used=len(parts), episodes_recorded=recorded, relabeled=bool(relabeled_all))
+    return Demos(frames={c: np.concatenate([np.asarray(p[4][c][p[0]:p[1]]) for p in parts]) for c in cams},
+                 low_dim=np.concatenate([p[2] for p in parts]).astype(np.float32),
+                 scene=np.concatenate([p[3] for p in parts]).astype(np.float32),
+                 episode=np.concatenate([np.full(p[1] - p[0], i) for i, p in enumerate(parts)]),
+                 episodes_used=len(parts))
 
 
 # ------------------------------------------------------------------ training
 def augment(x, generator, shift: int):
-    """uint8 (N, 3, 64, 64) frames -> float in [0, 1], each shifted by up to ``shift`` pixels (edges repeated) and
+    """uint8 (N, 3, side, side) frames -> float in [0, 1], each shifted by up to ``shift`` pixels (edges repeated) and
     its brightness and contrast scaled by up to COLOUR."""
     import torch
     import torch.nn.functional as F
@@ -264,12 +262,13 @@ def augment(x, generator, shift: int):
     n, c = x.shape[:2]
     shifted = x
     if shift:
-        padded = F.pad(x, (shift,) * 4, mode="replicate")  # (N, 3, 64 + 2 shift, 64 + 2 shift)
+        padded = F.pad(x, (shift,) * 4, mode="replicate")  # (N, 3, side + 2 shift, side + 2 shift)
         dy = torch.randint(0, 2 * shift + 1, (n,), generator=generator)
         dx = torch.randint(0, 2 * shift + 1, (n,), generator=generator)
-        span = torch.arange(IMAGE_SIDE)
-        rows = (dy[:, None] + span)[:, None, :, None].expand(n, c, IMAGE_SIDE, padded.shape[3])
-        cols = (dx[:, None] + span)[:, None, None, :].expand(n, c, IMAGE_SIDE, IMAGE_SIDE)
+        side = x.shape[-1]
+        span = torch.arange(side)
+        rows = (dy[:, None] + span)[:, None, :, None].expand(n, c, side, padded.shape[3])
+        cols = (dx[:, None] + span)[:, None, None, :].expand(n, c, side, side)
         shifted = padded.gather(2, rows).gather(3, cols)
     mean = shifted.mean(dim=(1, 2, 3), keepdim=True)
     contrast = 1 + (torch.rand(n, 1, 1, 1, generator=generator) * 2 - 1) * COLOUR
@@ -277,16 +276,73 @@ def augment(x, generator, shift: int):
     return ((shifted - mean) * contrast + mean * bright).clamp(0.0, 1.0)
 
 
-def run_identity(roots: list[Path], recipe: Recipe) -> dict:
-    """What a work folder trains: the datasets (by content) and the recipe."""
+def run_identity(roots: list[Path], recipe: Recipe, policy: Path) -> dict:
+    """What a work folder trains: the datasets (by content), the policy head (by content) and the recipe."""
+    from engines.onnx_utils import sha256_file
+
     return {"format": FORMAT, "datasets": [{"path": str(r.resolve()), "sha256": dataset_key(r)} for r in roots],
+            "policy": {"path": str(policy.resolve()), "sha256": sha256_file(policy)},
             "recipe": json.loads(json.dumps(asdict(recipe)))}
 
 
-def train(demos: Demos, recipe: Recipe, work: Path, show: bool = True, log=print):
-    """Train, continuing from ``work/checkpoint.pt`` where one exists; (model, history). A checkpoint is written
-    after every epoch (atomically), with what the next epoch needs: each epoch's shuffle and augmentation are
-    drawn from generators seeded by (seed, epoch), so a resumed run draws what an uninterrupted one would."""
+# what the validation reports, in units a reader checks against the task's tolerances (the hole's clearance is
+# 2 mm a side: env.geometry.DEFAULT_CLEARANCE): (name, scene-feature slice, scale to the unit, unit)
+# (yaw_err: over the steps whose true yaw error is over 5 degrees)
+ERRORS = (("block_minus_tcp", slice(16, 19), 1000.0, "mm"), ("hole_minus_block", slice(19, 22), 1000.0, "mm"),
+          ("tcp", slice(0, 3), 1000.0, "mm"), ("block", slice(6, 9), 1000.0, "mm"),
+          ("yaw_err", slice(31, 32), 180 / np.pi, "deg"), ("tcp_tilt", slice(29, 31), 180 / np.pi, "deg"),
+          ("grasped", slice(23, 24), 1.0, ""))
+GRASPED = 23  # the scene feature: 1 when both fingers hold the target block
+
+
+class _Loss:
+    """The recipe's loss on estimates against true scene features: in bc-state's input space (its normalisation
+    and fine-scale copies of the scene part) and on its action."""
+
+    def __init__(self, model, config: BCCameraNetConfig, weight: float):
+        import torch
+
+        head = model.policy
+        fine = [(lo, hi, scale) for lo, hi, scale in config.policy.fine if hi <= SCENE_DIM]
+        self.mean, self.std = head.obs_mean[:SCENE_DIM].clone(), head.obs_std[:SCENE_DIM].clone()
+        self.fine, self.model, self.weight, self.torch = fine, model, weight, torch
+
+    def features(self, scene):
+        t = self.torch
+        return t.cat([(scene - self.mean) / self.std, *[t.tanh(scene[:, lo:hi] / sc) for lo, hi, sc in self.fine]], -1)
+
+    def __call__(self, estimate, scene, low):
+        t = self.torch
+        feature = ((self.features(estimate) - self.features(scene)) ** 2).mean()
+        if not self.weight:
+            return feature, feature
+        seen = low.shape[1] - HISTORY_DIM
+        raw_est = self.model.policy.raw(t.cat([estimate, low[:, seen:]], -1))
+        with t.no_grad():
+            raw_true = self.model.policy.raw(t.cat([scene, low[:, seen:]], -1))
+        action = ((raw_est - raw_true) ** 2).mean()
+        return feature + self.weight * action, action
+
+
+def load_policy_head(model, config: BCCameraNetConfig, policy: Path) -> None:
+    """bc-state's weights (``policy``) into the network's policy head; one line where they do not fit."""
+    from engines import bc_mlp
+
+    try:
+        head, head_config, _ = bc_mlp.load(policy)
+    except bc_mlp.BadCheckpointError as e:
+        raise TrainingInputError(f"--policy: {e}") from None
+    if head_config != config.policy:
+        raise TrainingInputError(f"--policy {policy} is a bc-state network of another shape ({head_config}); "
+                                 f"bc-camera's head is {config.policy}")
+    model.policy.load_state_dict(head.state_dict())
+
+
+def train(demos: Demos, recipe: Recipe, work: Path, policy: Path, show: bool = True, log=print):
+    """Train, continuing from ``work/checkpoint.pt`` where one exists; (model, history, split). A checkpoint is
+    written after every epoch (atomically), with what the next epoch needs: each epoch's shuffle and
+    augmentation are drawn from generators seeded by (seed, epoch), so a resumed run draws what an
+    uninterrupted one would."""
     import torch
     from tqdm import tqdm
 
@@ -298,14 +354,21 @@ def train(demos: Demos, recipe: Recipe, work: Path, show: bool = True, log=print
     val_mask = np.isin(demos.episode, rng.choice(episodes, n_val, replace=False))
     tr, va = np.flatnonzero(~val_mask), np.flatnonzero(val_mask)
     model = build(config)
+    load_policy_head(model, config, policy)
     low = torch.as_tensor(demos.low_dim)
+    seen = model.low_mean.shape[0]
     # a constant input (the instruction of a list whose tries all say one thing) gets std 1: not a 1/1e-3 blow-up
-    std = low[tr].std(0)
-    model.low_mean.copy_(low[tr].mean(0))
+    std = low[tr, :seen].std(0)
+    model.low_mean.copy_(low[tr, :seen].mean(0))
     model.low_std.copy_(torch.where(std > 1e-3, std, torch.ones_like(std)))
-    target = to_raw(torch.as_tensor(demos.labels))
+    scene = torch.as_tensor(demos.scene)
+    std = scene[tr].std(0)
+    model.scene_mean.copy_(scene[tr].mean(0))
+    model.scene_std.copy_(torch.where(std > 1e-3, std, torch.ones_like(std)))
+    loss_fn = _Loss(model, config, recipe.action_weight)
     frames = {c: torch.from_numpy(np.ascontiguousarray(demos.frames[c])) for c, _ in config.cameras}
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=recipe.lr, weight_decay=recipe.weight_decay)
     steps_per_epoch = (len(tr) + recipe.batch - 1) // recipe.batch
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=recipe.epochs * steps_per_epoch)
     history: list[dict] = []
@@ -320,16 +383,38 @@ def train(demos: Demos, recipe: Recipe, work: Path, show: bool = True, log=print
         history, start = state["history"], state["epoch"]
         log(f"resuming {work} after epoch {start} of {recipe.epochs}")
 
-    def evaluate(idx: np.ndarray) -> tuple[float, float]:
+    grasped = demos.scene[:, GRASPED] > 0.5
+    first = np.r_[True, demos.episode[1:] != demos.episode[:-1]]
+    # a median over every step hides the phase that fails: most steps carry a grasped block, which the wrist
+    # camera sees large; the steps before the grasp must find the block in the frames
+    phases = {"start": first, "before_grasp": ~grasped, "grasped": grasped}
+
+    def evaluate(idx: np.ndarray) -> dict:
         model.eval()
-        total = first = 0.0
+        total = action = 0.0
+        ests = []
         with torch.no_grad():
             for i in range(0, len(idx), 1024):
                 j = torch.as_tensor(idx[i:i + 1024])
-                out = model.raw({c: frames[c][j].float() / 255.0 for c in frames}, low[j])
-                total += float(((out - target[j]) ** 2).mean()) * len(j)
-                first += float(((out[:, 0] - target[j][:, 0]) ** 2).mean()) * len(j)
-        return total / max(len(idx), 1), first / max(len(idx), 1)
+                est = model.estimate({c: frames[c][j].float() / 255.0 for c in frames}, low[j])
+                lo, ac = loss_fn(est, scene[j], low[j])
+                total += float(lo) * len(j)
+                action += float(ac) * len(j)
+                ests.append(est.numpy())
+        est, true = np.concatenate(ests), demos.scene[idx]
+        out = {"loss": total / len(idx), "action_mse": action / len(idx), "errors": {}}
+        for phase, mask in phases.items():
+            rows = mask[idx]
+            errors = {"steps": int(rows.sum())}
+            for name, sl, unit, label in ERRORS:
+                e = np.linalg.norm((est[rows, sl] - true[rows, sl]) * unit, axis=1)
+                if name == "yaw_err":  # where there is a yaw to correct: else 0 is right, and the median says nothing
+                    e = e[np.abs(true[rows, sl][:, 0]) > np.radians(5)]
+                key = f"{name}_{label}" if label else name
+                errors[key] = {"median": round(float(np.median(e)), 2), "p90": round(float(np.quantile(e, 0.9)), 2),
+                               "n": int(len(e))} if len(e) else None
+            out["errors"][phase] = errors
+        return out
 
     for epoch in range(start, recipe.epochs):
         t0 = time.monotonic()
@@ -340,27 +425,39 @@ def train(demos: Demos, recipe: Recipe, work: Path, show: bool = True, log=print
         bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}/{recipe.epochs}", unit="batch", disable=not show)
         for i in bar:
             j = order[i * recipe.batch:(i + 1) * recipe.batch]
-            out = model.raw({c: augment(frames[c][j], gen, recipe.shift) for c in frames}, low[j])
-            loss = torch.nn.functional.mse_loss(out, target[j])
+            est = model.estimate({c: augment(frames[c][j], gen, recipe.shift) for c in frames}, low[j])
+            loss, _ = loss_fn(est, scene[j], low[j])
             opt.zero_grad()
             loss.backward()
             opt.step()
             sched.step()
             total += float(loss.detach()) * len(j)
-            bar.set_postfix(mse=f"{float(loss.detach()):.4f}")
+            bar.set_postfix(loss=f"{float(loss.detach()):.4f}")
         bar.close()
-        val, val_first = evaluate(va) if len(va) else (float("nan"), float("nan"))
-        history.append({"epoch": epoch + 1, "train_mse": total / len(tr), "val_mse": val, "val_first_action_mse": val_first,
+        val = evaluate(va) if len(va) else {}
+        history.append({"epoch": epoch + 1, "train_loss": total / len(tr), "validation": val,
                         "seconds": round(time.monotonic() - t0, 1)})
         tmp = ckpt.with_name(ckpt.name + ".tmp")
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                     "history": history, "epoch": epoch + 1}, tmp)
         os.replace(tmp, ckpt)
-        log(f"epoch {epoch + 1}/{recipe.epochs}: train {total / len(tr):.5f}  validation {val:.5f} "
-            f"(first action {val_first:.5f})  {history[-1]['seconds']:.0f} s; checkpoint {ckpt}")
+        said = f"validation loss {val['loss']:.5f}; {_medians(val['errors'])}" if val else "no validation episodes"
+        log(f"epoch {epoch + 1}/{recipe.epochs}: train loss {total / len(tr):.5f}; {said}; "
+            f"{history[-1]['seconds']:.0f} s; checkpoint {ckpt}")
     model.eval()
     return model, history, {"train_steps": int(len(tr)), "validation_steps": int(len(va)),
                             "validation_episodes": int(n_val)}
+
+
+def _medians(errors: dict) -> str:
+    """The validation's medians that say whether the policy can act: the block's position before the grasp and,
+    grasped, where it is against the hole."""
+    def med(phase: str, key: str) -> str:
+        e = errors[phase].get(key)
+        return f"{e['median']:.1f}" if e else "-"
+
+    return (f"block {med('before_grasp', 'block_mm')} mm and yaw error {med('before_grasp', 'yaw_err_deg')} deg before "
+            f"the grasp, hole-block {med('grasped', 'hole_minus_block_mm')} mm grasped (medians)")
 
 
 def flops_per_query(model, config: BCCameraNetConfig) -> int:
@@ -382,29 +479,39 @@ def main(argv=None) -> int:
     p.add_argument("--work", default="build/train_bc_camera", metavar="DIR",
                    help="the run's folder: frame cache, checkpoint (rerun the same command to continue)")
     p.add_argument("--out", default=str(DEFAULT_WEIGHTS), help="weights file (safetensors)")
+    p.add_argument("--policy", default=str(BC_STATE_WEIGHTS), metavar="W",
+                   help="the bc-state weights that act on the estimate (copied in, frozen)")
     p.add_argument("--report-dir", default="results/bc_camera/training", help="training.json goes here")
     defaults = Recipe()
     p.add_argument("--epochs", type=int, default=defaults.epochs)
     p.add_argument("--batch", type=int, default=defaults.batch)
     p.add_argument("--lr", type=float, default=defaults.lr)
     p.add_argument("--seed", type=int, default=defaults.seed)
-    p.add_argument("--shift", type=int, default=defaults.shift, help="random shift augmentation, pixels of 64")
+    p.add_argument("--shift", type=int, default=defaults.shift, help="random shift augmentation, pixels")
+    p.add_argument("--action-weight", type=float, default=defaults.action_weight,
+                   help="weight of the policy head's action error beside the feature error")
     p.add_argument("--fresh", action="store_true", help="start the work folder's training again")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     try:
-        if args.epochs < 1 or args.batch < 1 or not args.lr > 0 or not np.isfinite(args.lr) or not 0 <= args.shift < 32:
-            raise TrainingInputError("--epochs and --batch must be at least 1, --lr a positive number and --shift "
-                                     "0 to 31 pixels")
+        if (args.epochs < 1 or args.batch < 1 or not args.lr > 0 or not np.isfinite(args.lr) or not 0 <= args.shift < 32
+                or not 0 <= args.action_weight < float("inf")):
+            raise TrainingInputError("--epochs and --batch must be at least 1, --lr a positive number, --shift "
+                                     "0 to 31 pixels and --action-weight a number >= 0")
+        policy = Path(args.policy)
+        if not policy.is_file():
+            raise TrainingInputError(f"--policy {policy} does not exist; give bc-state weights "
+                                     f"(python -m eval.training.train_bc makes them)")
         roots = [Path(d) for d in args.datasets]
         for root in roots:
             if not root.is_dir():
                 raise TrainingInputError(f"{root} is not a folder; record demonstrations with python -m eval.record "
                                          f"--split train --out {root}")
             check_dataset(root)
-        recipe = Recipe(epochs=args.epochs, batch=args.batch, lr=args.lr, seed=args.seed, shift=args.shift)
+        recipe = Recipe(epochs=args.epochs, batch=args.batch, lr=args.lr, seed=args.seed, shift=args.shift,
+                        action_weight=args.action_weight)
         work = Path(args.work)
-        ident = run_identity(roots, recipe)
+        ident = run_identity(roots, recipe, policy)
         ident_path = work / "train.json"
         if ident_path.is_file() and not args.fresh:
             try:
@@ -412,7 +519,8 @@ def main(argv=None) -> int:
             except (ValueError, UnicodeDecodeError):
                 old = None
             if old != ident:
-                what = "another recipe" if old and old.get("datasets") == ident["datasets"] else "other datasets"
+                what = ("other datasets" if not old or old.get("datasets") != ident["datasets"] else
+                        "another policy head" if old.get("policy") != ident["policy"] else "another recipe")
                 raise TrainingInputError(f"{work} holds a training of {what}; use --fresh to start this one there, "
                                          f"or another --work")
         if args.fresh:
@@ -421,13 +529,12 @@ def main(argv=None) -> int:
         ident_path.write_text(json.dumps(ident, indent=1) + "\n")
         t0 = time.monotonic()
         demos = read_demos(roots, recipe.config, work / "frames", show=not args.quiet)
+        print(f"{len(demos.low_dim)} steps from {demos.episodes_used} recorded episodes (labels: "
+              f"observation.environment_state, every episode)")
+        model, history, split = train(demos, recipe, work, policy, show=not args.quiet)
     except TrainingInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{len(demos.low_dim)} steps from {demos.episodes_used} of {demos.episodes_recorded} recorded episodes "
-          f"({'labels: action.expert, every episode' if demos.relabeled else 'labels: action, successful episodes'})")
-    try:
-        model, history, split = train(demos, recipe, work, show=not args.quiet)
     except KeyboardInterrupt:
         print(f"error: interrupted; the last finished epoch is in {work}/checkpoint.pt: rerun the same command to "
               f"continue", file=sys.stderr)
@@ -436,16 +543,17 @@ def main(argv=None) -> int:
     out = Path(args.out)
     save(model, recipe.config, out, extra={"seed": recipe.seed, "epochs": recipe.epochs, "steps": len(demos.low_dim),
                                            "episodes": demos.episodes_used,
-                                           "datasets": ",".join(d["sha256"][:16] for d in ident["datasets"])})
+                                           "datasets": ",".join(d["sha256"][:16] for d in ident["datasets"]),
+                                           "policy_sha256": ident["policy"]["sha256"]})
     from eval.records import machine_info
 
     params = sum(int(t.numel()) for t in model.parameters())
+    trained = sum(int(t.numel()) for t in model.parameters() if t.requires_grad)
     report = {
-        "datasets": ident["datasets"], "episodes_recorded": demos.episodes_recorded,
-        "episodes_used": demos.episodes_used, "steps": int(len(demos.low_dim)),
-        "labels": "action.expert (every episode)" if demos.relabeled else "action (successful episodes)", **split,
+        "datasets": ident["datasets"], "policy_head": ident["policy"], "episodes_used": demos.episodes_used,
+        "steps": int(len(demos.low_dim)), "labels": "observation.environment_state (every episode)", **split,
         "recipe": ident["recipe"], "augmentation": {"shift_pixels": recipe.shift, "colour_relative": COLOUR},
-        "parameters": params, "weights_bytes": out.stat().st_size,
+        "parameters": params, "parameters_trained": trained, "weights_bytes": out.stat().st_size,
         "flops_per_query": flops_per_query(model, recipe.config),
         "wall_seconds_this_run": round(elapsed, 1),
         "train_seconds_all_epochs": round(sum(h["seconds"] for h in history), 1),
