@@ -33,7 +33,7 @@ import numpy as np
 
 from engines.bc_mlp import HISTORY_DIM, SCENE_DIM, BCConfig
 from engines.bc_mlp import build as build_policy_head
-from engines.weights_file import BadCheckpointError, load_checked, read_checkpoint
+from engines.weights_file import BadCheckpointError, load_checked, read_checkpoint, write_checkpoint
 from env.instructions import all_instructions
 
 FORMAT = "shape-assembly-bench/bc-camera/2"
@@ -178,13 +178,7 @@ def build(config: BCCameraNetConfig):
 
 
 def save(model, config: BCCameraNetConfig, path: str | Path, extra: dict | None = None) -> None:
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    meta = {"format": FORMAT, "config": json.dumps(asdict(config)), **{k: str(v) for k, v in (extra or {}).items()}}
-    save_file(tensors, str(path), metadata=meta)
+    write_checkpoint(model, FORMAT, asdict(config), path, extra)
 
 
 def config_from_json(text: str) -> BCCameraNetConfig:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.weights_file import BadCheckpointError, load_checked, read_checkpoint
+from engines.weights_file import BadCheckpointError, load_checked, read_checkpoint, write_checkpoint
 
 FORMAT = "shape-assembly-bench/bc-state/3"
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "bc_state.safetensors"
@@ -63,13 +63,7 @@ def build(config: BCConfig):
 
 
 def save(model, config: BCConfig, path: str | Path, extra: dict | None = None) -> None:
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    meta = {"format": FORMAT, "config": json.dumps(asdict(config)), **{k: str(v) for k, v in (extra or {}).items()}}
-    save_file(tensors, str(path), metadata=meta)
+    write_checkpoint(model, FORMAT, asdict(config), path, extra)
 
 
 def load(path: str | Path = DEFAULT_WEIGHTS):

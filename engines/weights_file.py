@@ -11,6 +11,20 @@ class BadCheckpointError(ValueError):
     """Weights or normalisation that do not match the model (one line)."""
 
 
+def write_checkpoint(model, fmt: str, config: dict, path: str | Path, extra: dict | None = None) -> None:
+    """``model``'s tensors into the safetensors file ``path``, its metadata the format tag ``fmt``, the
+    configuration (JSON) and ``extra`` (as strings): what :func:`read_checkpoint` reads back."""
+    import json
+
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    meta = {"format": fmt, "config": json.dumps(config), **{k: str(v) for k, v in (extra or {}).items()}}
+    save_file(tensors, str(path), metadata=meta)
+
+
 def read_checkpoint(path: str | Path, model: str, fmt: str, train: str) -> tuple[dict, dict[str, str]]:
     """(tensors, metadata) of ``model``'s weights file ``path``, whose metadata says ``fmt``; one line naming the
     file otherwise (``train``: the command that makes such a file)."""
