@@ -7,8 +7,10 @@ The graph (``BCCameraNetConfig``; its FLOPs in ``flops_per_query`` of eval.train
 - each camera's frame enters as rendered, uint8 (N, H, W, 3): the graph itself averages it down to
   ``image_sides`` (third person 256 -> 64 by 4 x 4 blocks, wrist 128 -> 64 by 2 x 2), so a camera frame goes to
   the engine as the renderer wrote it (the zero-copy path on a GPU: no resize or layout change on the host);
-- the **estimator**: per camera, four convolutions (5x5 stride 2, 3x3 stride 2, 3x3, 1x1) and a spatial softmax,
-  the expected image position of each of ``keypoints`` feature maps (Levine et al. 2016); with the joint
+- the **estimator**: per camera, three convolutions (5x5 stride 2, 3x3 stride 2, 3x3), then a 1x1 convolution and a
+  spatial softmax, the expected image position of each of ``keypoints`` feature maps (Levine et al. 2016), and
+  beside them a stride-2 3x3 convolution to ``grid_channels`` maps an eighth of the image side, flattened (how a
+  thing is turned, which a keypoint does not say); with the joint
   positions (and the sines and cosines of the arm's) and the instruction as a one-hot, an MLP to the 32 scene
   features bc-state reads (eval.training.state_features: the target block's and hole's poses, the gripper's,
   whether it holds the block). Trained on a recording's ``observation.environment_state``, which the policy
@@ -19,8 +21,8 @@ The graph (``BCCameraNetConfig``; its FLOPs in ``flops_per_query`` of eval.train
 
 The output keeps the runners' chunk axis: actions (N, 1, 7). Weights, the normalisation and the configuration
 (the head's too) live in one safetensors file; a file that does not match the code fails in one line naming
-what differs. Version 1 (an MLP from the keypoints straight to a chunk of actions) failed every dev try
-(docs/models.md).
+what differs. Version 1 (an MLP from the keypoints straight to a chunk of actions) failed every dev try; version 2
+(keypoints only) never estimated the block's yaw (docs/models.md).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from engines.bc_mlp import build as build_policy_head
 from engines.weights_file import BadCheckpointError, load_checked, read_checkpoint, write_checkpoint
 from env.instructions import all_instructions
 
-FORMAT = "shape-assembly-bench/bc-camera/2"
+FORMAT = "shape-assembly-bench/bc-camera/3"
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "bc_camera.safetensors"
 INPUT_NAMES = ("third_person", "wrist", "low_dim")
 ARM_JOINTS = 7  # of the proprioception: the Panda's arm joints (revolute: their sines and cosines are inputs too)
@@ -54,6 +56,11 @@ class BCCameraNetConfig:
     instructions: tuple[str, ...] = all_instructions()
     channels: tuple[int, int, int] = (32, 32, 32)
     keypoints: int = 32
+    # channels of each camera's coarse feature grid (a stride-2 convolution of the keypoint network's last maps,
+    # an eighth of the image side), flattened beside the keypoints: where a keypoint says where a thing is, the
+    # grid also says how it is turned (the block's yaw, never learnt from keypoints alone: docs/models.md).
+    # 0: keypoints only (version 2)
+    grid_channels: int = 16
     hidden: tuple[int, ...] = (256, 256)
     action_dim: int = 7
     # bc-state's network (engines.bc_mlp.BCConfig) as the policy head
@@ -121,23 +128,36 @@ def build(config: BCCameraNetConfig):
             p = torch.softmax(maps.flatten(2), dim=-1)
             return torch.cat([p @ self.xs, p @ self.ys], dim=-1)
 
-    def encoder(name: str) -> nn.Module:
-        c1, c2, c3 = config.channels
-        config.pool(name)  # a side the frames do not average down to is one line here
-        return nn.Sequential(
-            nn.Conv2d(3, c1, 5, stride=2, padding=2), nn.GELU(),
-            nn.Conv2d(c1, c2, 3, stride=2, padding=1), nn.GELU(),
-            nn.Conv2d(c2, c3, 3, padding=1), nn.GELU(),
-            nn.Conv2d(c3, config.keypoints, 1),
-            SpatialSoftmax(config.image_side(name) // 4))
+    class Encoder(nn.Module):
+        """One camera's frame -> its keypoints (2K) and, with ``grid_channels``, its flattened coarse grid."""
+
+        def __init__(self, name: str):
+            super().__init__()
+            c1, c2, c3 = config.channels
+            config.pool(name)  # a side the frames do not average down to is one line here
+            self.trunk = nn.Sequential(
+                nn.Conv2d(3, c1, 5, stride=2, padding=2), nn.GELU(),
+                nn.Conv2d(c1, c2, 3, stride=2, padding=1), nn.GELU(),
+                nn.Conv2d(c2, c3, 3, padding=1), nn.GELU())
+            self.keypoints = nn.Sequential(nn.Conv2d(c3, config.keypoints, 1),
+                                           SpatialSoftmax(config.image_side(name) // 4))
+            self.grid = (nn.Sequential(nn.Conv2d(c3, config.grid_channels, 3, stride=2, padding=1), nn.GELU(),
+                                       nn.Flatten()) if config.grid_channels else None)
+
+        def forward(self, x):
+            maps = self.trunk(x)
+            return self.keypoints(maps) if self.grid is None else torch.cat([self.keypoints(maps), self.grid(maps)], -1)
+
+    def features_of(name: str) -> int:
+        return 2 * config.keypoints + config.grid_channels * (config.image_side(name) // 8) ** 2
 
     seen = config.proprio_dim + len(config.instructions)  # the estimator's part of low_dim (no action history)
 
     class BCCameraNet(nn.Module):
         def __init__(self):
             super().__init__()
-            self.encoders = nn.ModuleDict({name: encoder(name) for name, _ in config.cameras})
-            dims = (2 * config.keypoints * len(config.cameras) + seen + 2 * ARM_JOINTS, *config.hidden)
+            self.encoders = nn.ModuleDict({name: Encoder(name) for name, _ in config.cameras})
+            dims = (sum(features_of(name) for name, _ in config.cameras) + seen + 2 * ARM_JOINTS, *config.hidden)
             layers: list[nn.Module] = []
             for a, b in zip(dims[:-1], dims[1:]):
                 layers += [nn.Linear(a, b), nn.GELU()]

@@ -43,11 +43,14 @@ def test_the_graph_averages_frames_as_the_training_cache_does():
         assert np.max(np.abs(inside - cached)) <= 0.5 + 1e-4, name
 
 
-def test_onnx_export_runs_as_the_network_at_every_batch(tmp_path):
+@pytest.mark.parametrize("grid_channels", [16, 0], ids=["grid", "keypoints-only"])
+def test_onnx_export_runs_as_the_network_at_every_batch(tmp_path, grid_channels):
     pytest.importorskip("onnxruntime")
+    from dataclasses import replace
+
     from engines.runners import OnnxRuntimeRunner
 
-    cfg = bc_camera.BCCameraNetConfig()
+    cfg = replace(bc_camera.BCCameraNetConfig(), grid_channels=grid_channels)
     torch.manual_seed(1)
     model = bc_camera.build(cfg).eval()
     path = bc_camera.export_onnx(model, cfg, tmp_path / "bc_camera.onnx")
@@ -162,6 +165,11 @@ def test_a_dataset_of_another_task_list_or_split_is_refused(recorded_demos, tmp_
         assert line.startswith(f"error: {copy} ") and needle in line, line
     missing = _train("--datasets", str(tmp_path / "nothing"), "--work", str(tmp_path / "work"))
     assert missing.returncode == 2 and missing.stderr.startswith(f"error: {tmp_path / 'nothing'} is not a folder")
+    for flag, value in (("--before-grasp-weight", "0"), ("--fine-weight", "-1"), ("--grid-channels", "300")):
+        bad = _train("--datasets", str(demos), "--work", str(tmp_path / "work"), flag, value)
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+        (line,) = bad.stderr.strip().splitlines()
+        assert line.startswith("error: --epochs and --batch must be") and flag in line, line
     no_head = _train("--datasets", str(demos), "--work", str(tmp_path / "work"), "--policy", str(tmp_path / "none"))
     assert no_head.returncode == 2 and no_head.stderr.strip().splitlines() == [
         f"error: --policy {tmp_path / 'none'} does not exist; give bc-state weights (python -m eval.training.train_bc "

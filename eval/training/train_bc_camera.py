@@ -16,10 +16,12 @@ and frozen. Every recorded step is used, successful try or not: its label is the
 
 The recipe (what ``training.json`` reports):
 
-- loss, in what bc-state reads: the squared error of the estimate in bc-state's input normalisation plus its
-  fine-scale copies (engines.bc_mlp: the relative vectors at 4 mm, the tilts and yaw error at 0.02 rad), plus
-  ``Recipe.action_weight`` x the squared error of bc-state's action (trained space, signed square roots) on the
-  estimate against its action on the true state, with the step's true action history;
+- loss, in what bc-state reads: the squared error of the estimate in bc-state's input normalisation, plus
+  ``Recipe.fine_weight`` x that of its fine-scale copies (engines.bc_mlp: the relative vectors at 4 mm, the tilts
+  and yaw error at 0.02 rad), plus ``Recipe.action_weight`` x the squared error of bc-state's action (trained
+  space, signed square roots) on the estimate against its action on the true state, with the step's true action
+  history (both 0 by default: with them the uncertain estimates collapsed to 0); steps before the grasp drawn
+  ``Recipe.before_grasp_weight`` times as often as grasped ones;
 - augmentation: each camera's brightness and contrast scaled by up to ``COLOUR`` relative, per sample, and its
   frame shifted by up to ``Recipe.shift`` pixels (edge pixels repeated; DrQ, Kostrikov et al. 2020; 0 by
   default: both cameras are fixed to the scene or the gripper, so where a thing is in the frame says where it is);
@@ -70,7 +72,18 @@ class Recipe:
     shift: int = 0
     lr: float = 1e-3
     weight_decay: float = 1e-4
-    action_weight: float = 1.0  # of the policy head's action error beside the feature error
+    # of the policy head's action error beside the feature error. 0: with it and the fine-scale copies (both at 1),
+    # the estimates of the yaw error and the block's lateral offset collapsed to near 0; the two were turned off
+    # together (docs/models.md)
+    action_weight: float = 0.0
+    # how much more often a step before the grasp is drawn than a grasped one: 73% of the recorded steps carry a
+    # grasped block (which the wrist camera sees large), and an estimator trained on them uniformly does not find
+    # the block before the grasp (docs/models.md)
+    before_grasp_weight: float = 1.0
+    # of the loss on bc-state's fine-scale copies (tanh of the relative vectors over 4 mm, of the tilts and yaw
+    # error over 0.02 rad): near a step function of the sign beyond its scale, so where the frames leave the sign
+    # uncertain it pulls the estimate to 0, "the block is under the gripper, turned right" (docs/models.md)
+    fine_weight: float = 0.0
     seed: int = 0
     config: BCCameraNetConfig = field(default_factory=BCCameraNetConfig)
 
@@ -299,17 +312,19 @@ class _Loss:
     """The recipe's loss on estimates against true scene features: in bc-state's input space (its normalisation
     and fine-scale copies of the scene part) and on its action."""
 
-    def __init__(self, model, config: BCCameraNetConfig, weight: float):
+    def __init__(self, model, config: BCCameraNetConfig, weight: float, fine_weight: float = 1.0):
         import torch
 
         head = model.policy
         fine = [(lo, hi, scale) for lo, hi, scale in config.policy.fine if hi <= SCENE_DIM]
         self.mean, self.std = head.obs_mean[:SCENE_DIM].clone(), head.obs_std[:SCENE_DIM].clone()
         self.fine, self.model, self.weight, self.torch = fine, model, weight, torch
+        self.fine_weight = fine_weight
 
     def features(self, scene):
         t = self.torch
-        return t.cat([(scene - self.mean) / self.std, *[t.tanh(scene[:, lo:hi] / sc) for lo, hi, sc in self.fine]], -1)
+        return t.cat([(scene - self.mean) / self.std, *[t.tanh(scene[:, lo:hi] / sc) * self.fine_weight ** 0.5
+                                                         for lo, hi, sc in self.fine]], -1)
 
     def __call__(self, estimate, scene, low):
         t = self.torch
@@ -365,7 +380,7 @@ def train(demos: Demos, recipe: Recipe, work: Path, policy: Path, show: bool = T
     std = scene[tr].std(0)
     model.scene_mean.copy_(scene[tr].mean(0))
     model.scene_std.copy_(torch.where(std > 1e-3, std, torch.ones_like(std)))
-    loss_fn = _Loss(model, config, recipe.action_weight)
+    loss_fn = _Loss(model, config, recipe.action_weight, recipe.fine_weight)
     frames = {c: torch.from_numpy(np.ascontiguousarray(demos.frames[c])) for c, _ in config.cameras}
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=recipe.lr, weight_decay=recipe.weight_decay)
@@ -419,7 +434,12 @@ def train(demos: Demos, recipe: Recipe, work: Path, policy: Path, show: bool = T
     for epoch in range(start, recipe.epochs):
         t0 = time.monotonic()
         model.train()
-        order = torch.as_tensor(np.random.default_rng([recipe.seed, epoch]).permutation(tr))
+        draw = np.random.default_rng([recipe.seed, epoch])
+        if recipe.before_grasp_weight == 1.0:
+            order = torch.as_tensor(draw.permutation(tr))
+        else:  # as many draws as steps, before-grasp steps weighted
+            w = np.where(grasped[tr], 1.0, recipe.before_grasp_weight)
+            order = torch.as_tensor(draw.choice(tr, size=len(tr), p=w / w.sum()))
         gen = torch.Generator().manual_seed(recipe.seed * 1_000_003 + epoch)
         total = 0.0
         bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}/{recipe.epochs}", unit="batch", disable=not show)
@@ -490,14 +510,23 @@ def main(argv=None) -> int:
     p.add_argument("--shift", type=int, default=defaults.shift, help="random shift augmentation, pixels")
     p.add_argument("--action-weight", type=float, default=defaults.action_weight,
                    help="weight of the policy head's action error beside the feature error")
+    p.add_argument("--before-grasp-weight", type=float, default=defaults.before_grasp_weight,
+                   help="how much more often a step before the grasp is drawn than a grasped one")
+    p.add_argument("--fine-weight", type=float, default=defaults.fine_weight,
+                   help="weight of the loss on bc-state's fine-scale copies of the estimate")
+    p.add_argument("--grid-channels", type=int, default=defaults.config.grid_channels,
+                   help="channels of each camera's flattened coarse feature grid beside the keypoints (0: none)")
     p.add_argument("--fresh", action="store_true", help="start the work folder's training again")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     try:
         if (args.epochs < 1 or args.batch < 1 or not args.lr > 0 or not np.isfinite(args.lr) or not 0 <= args.shift < 32
-                or not 0 <= args.action_weight < float("inf")):
+                or not 0 <= args.action_weight < float("inf") or not 0 < args.before_grasp_weight < float("inf")
+                or not 0 <= args.fine_weight < float("inf")
+                or not 0 <= args.grid_channels <= 256):
             raise TrainingInputError("--epochs and --batch must be at least 1, --lr a positive number, --shift "
-                                     "0 to 31 pixels and --action-weight a number >= 0")
+                                     "0 to 31 pixels, --action-weight a number >= 0, --before-grasp-weight > 0, --fine-weight >= 0 "
+                                     "and --grid-channels 0 to 256")
         policy = Path(args.policy)
         if not policy.is_file():
             raise TrainingInputError(f"--policy {policy} does not exist; give bc-state weights "
@@ -508,8 +537,12 @@ def main(argv=None) -> int:
                 raise TrainingInputError(f"{root} is not a folder; record demonstrations with python -m eval.record "
                                          f"--split train --out {root}")
             check_dataset(root)
+        from dataclasses import replace
+
         recipe = Recipe(epochs=args.epochs, batch=args.batch, lr=args.lr, seed=args.seed, shift=args.shift,
-                        action_weight=args.action_weight)
+                        action_weight=args.action_weight, before_grasp_weight=args.before_grasp_weight,
+                        fine_weight=args.fine_weight,
+                        config=replace(BCCameraNetConfig(), grid_channels=args.grid_channels))
         work = Path(args.work)
         ident = run_identity(roots, recipe, policy)
         ident_path = work / "train.json"
