@@ -44,7 +44,7 @@ import os
 import resource
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -537,8 +537,6 @@ def main(argv=None) -> int:
                 raise TrainingInputError(f"{root} is not a folder; record demonstrations with python -m eval.record "
                                          f"--split train --out {root}")
             check_dataset(root)
-        from dataclasses import replace
-
         recipe = Recipe(epochs=args.epochs, batch=args.batch, lr=args.lr, seed=args.seed, shift=args.shift,
                         action_weight=args.action_weight, before_grasp_weight=args.before_grasp_weight,
                         fine_weight=args.fine_weight,
