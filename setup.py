@@ -6,7 +6,7 @@ installs a CPU wheel first only when no torch is present, so a GPU or Jetson
 """
 from setuptools import find_packages, setup
 
-TOP_LEVEL = ["env", "eval", "engines", "jetson", "benchmarks"]
+TOP_LEVEL = ["binomial_stats", "env", "eval", "engines", "jetson", "benchmarks", "assembly_probe"]
 
 setup(
     name="shape-assembly-bench",
@@ -33,6 +33,8 @@ setup(
         "pillow",
     ],
     extras_require={
+        # sapien named on its own, not left to mani-skill: env/ imports it directly, and ManiSkill's next release
+        # moves it into an extra (mani-skill[sapien]); tests/test_sim_requirements.py checks the installed metadata
         "sim": ["mani-skill==3.0.1", "sapien==3.0.3"],
         # jax2onnx exports the JAX Octo graphs (engines.octo.export); 0.17 is the version checked here
         "export": ["onnx", "onnxruntime", "jax2onnx>=0.17,<0.18"],

@@ -21,7 +21,7 @@ from benchmarks.common import ROOT, machine, parser, print_table, progress, resu
 
 NAME = "cli_startup"
 MODULE = "benchmarks.cli_startup"
-PACKAGES = ("env", "eval", "engines", "jetson", "benchmarks")
+PACKAGES = ("binomial_stats", "env", "eval", "engines", "jetson", "benchmarks", "assembly_probe")
 TARGET_S = 2.0
 MAIN_GUARD = re.compile(r"""^\s*if\s+__name__\s*==\s*["']__main__["']\s*:""", re.M)
 

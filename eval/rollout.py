@@ -434,10 +434,13 @@ def run_try(scenes: Scenes, policy: Policy, split: str, try_index: int, tasklist
     return records[0]
 
 
+# what the run's identity labels every record with (eval.import_vla_eval labels imported records the same way)
+LABELS = ("model", "track", "arm", "precision", "profile", "weights", "appearance", "max_steps")
+
+
 def labelled(records: Sequence[TryRecord], identity: dict[str, Any]) -> list[TryRecord]:
     """The records with the run's identity (:meth:`eval.request.RunRequest.identity`: model, track, arm,
     precision, profile, weights, appearance, max_steps; the backend is the one each policy ran on, as the
     rollout recorded it)."""
-    fields = ("model", "track", "arm", "precision", "profile", "weights", "appearance", "max_steps")
-    keep = {k: v for k, v in identity.items() if k in fields}
+    keep = {k: v for k, v in identity.items() if k in LABELS}
     return [replace(r, **keep) for r in records]

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from eval.reasoning import build as B
+from assembly_probe import build as B
 from tests.conftest import REPO_ROOT
 
 SIZE = 64
@@ -62,7 +62,7 @@ def data(built, tmp_path):
 
 
 def _run_oracle(data, out):
-    return _cli("eval.reasoning", "run", "--answerer", "oracle", "--data", str(data), "--out", str(out), "--quiet")
+    return _cli("assembly_probe", "run", "--answerer", "oracle", "--data", str(data), "--out", str(out), "--quiet")
 
 
 # ------------------------------------------------------------------ 1. the manifest's sha256, checked before a run
@@ -71,7 +71,7 @@ def test_an_intact_set_runs_and_its_report_quotes_the_manifest(data, tmp_path):
     assert set(m["files"]) == {"questions.jsonl", *(f"img/{p.name}" for p in (data / "img").glob("*.png"))}
     r = _run_oracle(data, tmp_path / "o")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert json.loads((tmp_path / "o" / "summary.json").read_text())["set_sha256"] == m["sha256"]
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["set_sha256_states"] == m["sha256_states"]
 
 
 def test_an_edited_answer_key_is_refused_naming_the_file_and_the_rebuild(data, tmp_path):
@@ -81,7 +81,7 @@ def test_an_edited_answer_key_is_refused_naming_the_file_and_the_rebuild(data, t
     item["answer"] = "B" if item["answer"] != "B" else "A"
     q.write_text("\n".join([json.dumps(item, sort_keys=True), *lines[1:]]) + "\n")
     r = _run_oracle(data, tmp_path / "o")
-    _one_error_line(r, str(q), "differs from its sha256", "python -m eval.reasoning build",
+    _one_error_line(r, str(q), "differs from its sha256", "python -m assembly_probe build",
                     f"--out {data}", "--per-type 1", "--types position,height", "--plan-k 2", f"--size {SIZE}")
     assert not (tmp_path / "o").exists()  # refused before anything was answered or written
 
@@ -93,7 +93,7 @@ def test_an_edited_or_missing_image_is_named(data, tmp_path):
     imgs[0].unlink()
     _one_error_line(_run_oracle(data, tmp_path / "o"), str(imgs[0]), "is missing")
     # the gallery reads the same set: refused the same way
-    _one_error_line(_cli("eval.reasoning", "gallery", "--data", str(data), "--out", str(tmp_path / "g")),
+    _one_error_line(_cli("assembly_probe", "gallery", "--data", str(data), "--out", str(tmp_path / "g")),
                     str(imgs[0]))
 
 
@@ -112,7 +112,7 @@ def test_a_set_built_before_per_file_hashes_is_still_checked(data, tmp_path):
 
 def test_a_missing_manifest_is_refused(data, tmp_path):
     (data / "manifest.json").unlink()
-    _one_error_line(_run_oracle(data, tmp_path / "o"), "no manifest.json", "python -m eval.reasoning build")
+    _one_error_line(_run_oracle(data, tmp_path / "o"), "no manifest.json", "python -m assembly_probe build")
 
 
 # ------------------------------------------------------------------ 2. broken JSON is named
@@ -132,12 +132,12 @@ def test_broken_json_in_a_generation_set_names_its_file(tmp_path):
     (d / "cases.jsonl").write_text('{"id": "plan-k2-00"}\n[1, 2\n')
     (d / "manifest.json").write_text("{}")
     (tmp_path / "ans").mkdir()
-    r = _cli("eval.reasoning", "generate-score", "--answers", str(tmp_path / "ans"), "--data", str(d),
+    r = _cli("assembly_probe", "generate-score", "--answers", str(tmp_path / "ans"), "--data", str(d),
              "--out", str(tmp_path / "r"))
     _one_error_line(r, f"{d / 'cases.jsonl'} line 2 is not JSON", "generate-build")
 
 
-# ------------------------------------------------------------------ 3. every numeric option of eval.reasoning
+# ------------------------------------------------------------------ 3. every numeric option of assembly_probe
 @pytest.mark.parametrize("args,needle", [
     (("build", "--per-type", "0"), "--per-type must be at least 1"),
     (("build", "--per-type", "-1"), "--per-type must be at least 1"),
@@ -181,7 +181,7 @@ def test_reasoning_numeric_options_are_refused_in_one_line(built, tmp_path, args
                 "generate-build": ["--out", str(tmp_path / "b")],
                 "generate-answers": ["--answerer", "oracle", "--data", str(built), "--out", str(tmp_path / "a")],
                 "generate-score": ["--data", str(built)]}[cmd]
-    _one_error_line(_cli("eval.reasoning", cmd, *required, *rest), needle)
+    _one_error_line(_cli("assembly_probe", cmd, *required, *rest), needle)
     assert not any(tmp_path.iterdir())  # nothing built, answered or written
 
 

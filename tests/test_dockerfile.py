@@ -339,7 +339,7 @@ def run_setup(tmp_path: Path, arch: str, py_minor: int = 10, release: str | None
     (repo / "requirements").mkdir()
     (repo / "requirements" / "lock.txt").write_text((ROOT / "requirements" / "lock.txt").read_text())
     (repo / "setup.py").write_text((ROOT / "setup.py").read_text())
-    for pkg in ("env", "eval", "engines", "jetson", "benchmarks"):
+    for pkg in ("binomial_stats", "env", "eval", "engines", "jetson", "benchmarks", "assembly_probe"):
         (repo / pkg).mkdir()
         (repo / pkg / "__init__.py").write_text("")
     fakebin = tmp_path / "bin"

@@ -437,7 +437,7 @@ def test_placeholders_and_alternatives():
 
 def test_a_wrong_option_is_caught():
     with pytest.raises(AssertionError, match="refused"):
-        check_command("python -m eval.reasoning run --answerer oracle --no-such-option")
+        check_command("python -m assembly_probe run --answerer oracle --no-such-option")
     with pytest.raises(Exception, match="takes no"):
         check_command("python -m eval.run --model scripted --checkpoint x --out runs/x")
     with pytest.raises(AssertionError, match="make -n"):

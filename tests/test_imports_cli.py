@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ["env", "eval", "engines", "jetson", "benchmarks"]
+PACKAGES = ["binomial_stats", "env", "eval", "engines", "jetson", "benchmarks", "assembly_probe"]
 MAIN_GUARD = re.compile(r"""^\s*if\s+__name__\s*==\s*["']__main__["']\s*:""", re.M)
 HELP_TIMEOUT_S = 120
 

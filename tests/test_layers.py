@@ -1,6 +1,8 @@
-"""The house's layering (docs/development.md, Layout): env < engines < jetson < eval < benchmarks. No module imports a
-higher layer, and no modules import each other in a circle, counting the imports inside functions (made lazily
-for speed, they still tie the modules together)."""
+"""The house's layering (docs/development.md, Layout): binomial_stats < env < engines < jetson < eval < benchmarks.
+No module imports a higher layer, and no modules import each other in a circle, counting the imports inside functions
+(made lazily for speed, they still tie the modules together). The assembly reasoning probe (assembly_probe) is a
+product of its own beside the benchmark's chain: it imports only the layers in PROBE_IMPORTS (the statistics both
+share, the task's geometry), and nothing outside it imports it."""
 
 from __future__ import annotations
 
@@ -8,12 +10,14 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-LAYERS = ("env", "engines", "jetson", "eval", "benchmarks")
+LAYERS = ("binomial_stats", "env", "engines", "jetson", "eval", "benchmarks")
+PROBE = "assembly_probe"
+PROBE_IMPORTS = ("binomial_stats", "env")  # what the probe may import of the house
 
 
 def _modules() -> dict[str, Path]:
     out = {}
-    for top in LAYERS:
+    for top in LAYERS + (PROBE,):
         for path in (REPO / top).rglob("*.py"):
             parts = path.relative_to(REPO).with_suffix("").parts
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -53,9 +57,26 @@ def _layer(module: str) -> int:
     return LAYERS.index(module.split(".")[0])
 
 
+def _top(module: str) -> str:
+    return module.split(".")[0]
+
+
 def test_no_module_imports_a_higher_layer():
-    wrong = sorted(f"{m} imports {t}" for m, ts in _graph().items() for t in ts if _layer(t) > _layer(m))
+    graph = {m: ts for m, ts in _graph().items() if _top(m) != PROBE}
+    wrong = sorted(f"{m} imports {t}" for m, ts in graph.items() for t in ts if _top(t) != PROBE
+                   and _layer(t) > _layer(m))
     assert not wrong, wrong
+
+
+def test_the_probe_stands_beside_the_benchmark():
+    """assembly_probe imports only binomial_stats and env of the house; no module outside it imports it (eval/ is
+    the benchmark's evaluation alone)."""
+    graph = _graph()
+    assert any(_top(m) == PROBE for m in graph)  # the rule has something to check
+    out = sorted(f"{m} imports {t}" for m, ts in graph.items() if _top(m) == PROBE for t in ts
+                 if _top(t) != PROBE and _top(t) not in PROBE_IMPORTS)
+    into = sorted(f"{m} imports {t}" for m, ts in graph.items() if _top(m) != PROBE for t in ts if _top(t) == PROBE)
+    assert not out and not into, out + into
 
 
 def test_no_import_circle():

@@ -17,8 +17,8 @@ KERNELS = ("", "Prescott", "Haswell")  # "": the kernel OpenBLAS picks for this 
 DERIVE = """
 import hashlib
 from env import tasklist
-from eval.reasoning import genset
-from eval.reasoning.build import states_sha256
+from assembly_probe import genset
+from assembly_probe.build import states_sha256
 print(hashlib.sha256(tasklist.serialise(tasklist.build("dev"))).hexdigest())
 print(states_sha256())
 print(genset.states_sha256())

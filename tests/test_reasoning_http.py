@@ -16,10 +16,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from eval.reasoning import answerers as A
-from eval.reasoning import build as B
-from eval.reasoning import prompts
-from eval.reasoning.report import RunStopped, run_items, summarize
+from assembly_probe import answerers as A
+from assembly_probe import build as B
+from assembly_probe import prompts
+from assembly_probe.report import RunStopped, run_items, summarize
 from tests.conftest import REPO_ROOT
 
 NO_WAIT = dict(sleep=lambda s: None)  # retries without real waits: the waits asked for are still recorded
@@ -50,11 +50,13 @@ class FakeServer(Loopback):
     request; ``attempt`` counts the requests for that item from 1. A request whose model is
     ``extractor`` is a text-only extraction request: it is answered with the oracle's answer."""
 
-    def __init__(self, items, fail=(), garble=(), fault=None):
+    def __init__(self, items, fail=(), garble=(), fault=None, cut_off=()):
         self.by_prompt = {it["prompt"]: it for it in items}
-        # the official style's text with its images taken out: what the request's text parts add up to
-        self.by_official = {re.sub(r"<image \d+>", "", prompts.official_text(it)): it for it in items}
-        self.fail, self.garble, self.fault = set(fail), set(garble), fault
+        # the official style's text with its images taken out: what the request's text parts add up to (both the
+        # direct and the chain-of-thought instruction)
+        self.by_official = {re.sub(r"<image \d+>", "", prompts.official_text(it, cot)): it for it in items
+                            for cot in (False, True)}
+        self.fail, self.garble, self.fault, self.cut_off = set(fail), set(garble), fault, set(cut_off)
         self.requests, self.attempts = [], {}
         self.lock = threading.Lock()
         outer = self
@@ -73,10 +75,10 @@ class FakeServer(Loopback):
                 self.end_headers()
                 self.wfile.write(out)
 
-            def _reply(self, model, text):
+            def _reply(self, model, text, finish="stop"):
                 self._json(200, {"id": "x", "object": "chat.completion", "model": f"served/{model}",
                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                              "finish_reason": "stop"}],
+                                              "finish_reason": finish}],
                                  "usage": {"prompt_tokens": 900, "completion_tokens": 40, "total_tokens": 940}})
 
             def do_POST(self):
@@ -113,6 +115,8 @@ class FakeServer(Loopback):
                     self.send_response(500)
                     self.end_headers()
                     return
+                if item["id"] in outer.cut_off:  # the token limit reached mid-reasoning: no answer yet
+                    return self._reply(body["model"], "Let me think step by step. First, image A shows", "length")
                 if item["id"] in outer.garble:
                     text = "I cannot tell from these pictures. Maybe A, maybe B."
                 else:
@@ -327,7 +331,7 @@ def test_model_assisted_extraction_is_reported_separately(data, items):
 
 def test_http_cli_end_to_end(data, tmp_path, items):
     with FakeServer(items) as srv:
-        r = subprocess.run([sys.executable, "-m", "eval.reasoning", "run", "--answerer", "http", "--endpoint", srv.url,
+        r = subprocess.run([sys.executable, "-m", "assembly_probe", "run", "--answerer", "http", "--endpoint", srv.url,
                             "--model", "fake", "--data", str(data), "--out", str(tmp_path / "rep"), "--quiet"],
                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -348,7 +352,7 @@ def test_http_cli_end_to_end(data, tmp_path, items):
 
 def test_http_cli_stops_with_the_servers_reason(data, tmp_path, items):
     with FakeServer(items, fault=_one_image_limit) as srv:
-        r = subprocess.run([sys.executable, "-m", "eval.reasoning", "run", "--answerer", "http", "--endpoint", srv.url,
+        r = subprocess.run([sys.executable, "-m", "assembly_probe", "run", "--answerer", "http", "--endpoint", srv.url,
                             "--data", str(data), "--out", str(tmp_path / "rep"), "--quiet"],
                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "Traceback" not in r.stderr and r.stderr.strip().count("\n") == 0
@@ -362,14 +366,14 @@ def test_http_endpoint_down_is_one_line_error(data, tmp_path):
     with socket.socket() as sock:  # a port with nobody listening
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    r = subprocess.run([sys.executable, "-m", "eval.reasoning", "run", "--answerer", "http", "--endpoint",
+    r = subprocess.run([sys.executable, "-m", "assembly_probe", "run", "--answerer", "http", "--endpoint",
                         f"http://127.0.0.1:{port}/v1", "--data", str(data), "--out", str(tmp_path / "rep"), "--quiet"],
                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0
     assert r.stderr.strip().count("\n") == 0 and "failed" in r.stderr and "Traceback" not in r.stderr
     assert "cannot reach" in r.stderr
     # fewer queries than the stop rule needs: still no report of errors alone, a non-zero exit
-    r = subprocess.run([sys.executable, "-m", "eval.reasoning", "run", "--answerer", "http", "--endpoint",
+    r = subprocess.run([sys.executable, "-m", "assembly_probe", "run", "--answerer", "http", "--endpoint",
                         f"http://127.0.0.1:{port}/v1", "--data", str(data), "--out", str(tmp_path / "rep1"), "--quiet",
                         "--limit", "1"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "every query failed (1 of 1)" in r.stderr and r.stderr.strip().count("\n") == 0
@@ -381,8 +385,107 @@ def test_http_endpoint_down_is_one_line_error(data, tmp_path):
     (["--max-fail-share", "1.5"], "--max-fail-share"),
 ])
 def test_http_cli_bad_options_are_one_line(data, tmp_path, args, msg):
-    r = subprocess.run([sys.executable, "-m", "eval.reasoning", "run", "--answerer", "http", "--endpoint",
+    r = subprocess.run([sys.executable, "-m", "assembly_probe", "run", "--answerer", "http", "--endpoint",
                         "http://127.0.0.1:9/v1", "--data", str(data), "--out", str(tmp_path / "rep"), "--quiet", *args],
                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
     assert r.stderr.strip().count("\n") == 0
+
+
+def test_chain_of_thought_max_tokens_and_cut_off_replies(data, items, tmp_path):
+    """--prompt-style official-cot asks to think step by step and answer last; --max-tokens goes into every
+    request; a reply the server ends at the token limit (finish_reason length) counts wrong and is counted, per
+    type and in all, in the summary, the report and the CLI's output."""
+    cut = items[0]
+    with FakeServer(items, cut_off=[cut["id"]]) as srv:
+        r = subprocess.run([sys.executable, "-m", "assembly_probe", "run", "--answerer", "http", "--endpoint", srv.url,
+                            "--prompt-style", "official-cot", "--max-tokens", "2048", "--data", str(data), "--out",
+                            str(tmp_path / "rep"), "--quiet"], cwd=REPO_ROOT, capture_output=True, text=True,
+                           timeout=300)
+        bodies = [b for _, b, _ in srv.requests]
+    assert r.returncode == 0, r.stderr
+    assert "cut off at the token limit: 1 replies" in r.stdout
+    assert all(b["max_tokens"] == 2048 for b in bodies)
+    assert all("Think step by step" in "".join(p["text"] for p in b["messages"][0]["content"] if p["type"] == "text")
+               for b in bodies)
+    s = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert s["cut_off"] == 1 and s["answerer_info"]["max_tokens"] == 2048
+    assert s["answerer_info"]["prompt_style"] == "official-cot"
+    row = s["elementary"][cut["type"]] if cut["type"] != "plan" else s["planning"][f"k{cut['k']}"]
+    assert row["cut_off"] == 1
+    recs = [json.loads(x) for x in (tmp_path / "rep" / "records.jsonl").read_text().splitlines()]
+    assert [r["correct"] for r in recs if r["id"] == cut["id"]] == [False]
+    assert all(r["correct"] for r in recs if r["id"] != cut["id"])
+    assert "| cut off |" in (tmp_path / "rep" / "REPORT.md").read_text()
+    bad = subprocess.run([sys.executable, "-m", "assembly_probe", "run", "--answerer", "http", "--endpoint",
+                          "http://127.0.0.1:9/v1", "--max-tokens", "0", "--data", str(data), "--out",
+                          str(tmp_path / "r2"), "--quiet"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--max-tokens" in bad.stderr and bad.stderr.strip().count("\n") == 0
+
+
+def test_a_set_whose_files_differ_is_refused_before_the_model_is_asked(data, tmp_path, items):
+    """Bad input (issue 47): an image of the set edited after the build; the run names that file, exits 2, and the
+    model's server receives no request at all."""
+    import shutil
+
+    d = tmp_path / "set"
+    shutil.copytree(data, d)
+    img = sorted((d / "img").glob("*.png"))[-1]
+    img.write_bytes(img.read_bytes()[:-8] + b"12345678")
+    with FakeServer(items) as srv:
+        r = subprocess.run([sys.executable, "-m", "assembly_probe", "run", "--answerer", "http", "--endpoint", srv.url,
+                            "--data", str(d), "--out", str(tmp_path / "rep"), "--quiet"], cwd=REPO_ROOT,
+                           capture_output=True, text=True, timeout=300)
+        asked = len(srv.requests)
+    assert r.returncode == 2 and str(img) in r.stderr and "differs from its sha256" in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr
+    assert asked == 0 and not (tmp_path / "rep").exists()
+
+
+def _letter(item):
+    """What a person writes for an item: the right option's letter, or the letters in order."""
+    ans = item["answer"]
+    if isinstance(ans, list):
+        return "".join(ans)
+    if item["answer_format"] == "yesno":
+        return next(lab for lab, txt in item["options"].items() if txt.lower() == ans)
+    return ans
+
+
+def test_human_answer_sheet_is_scored_by_the_same_code(data, tmp_path, items):
+    """The human baseline protocol: human-sheet writes a page of the Lite questions (no answers on it) and a blank
+    sheet; a filled sheet is scored by run --answerer sheet (one row left empty counts wrong); a sheet of another
+    set, an unknown or repeated id are refused in one line naming the file."""
+    out = tmp_path / "human"
+    r = subprocess.run([sys.executable, "-m", "assembly_probe", "human-sheet", "--data", str(data), "--out", str(out)],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lite = [it for it in items if it["lite"]]
+    page = (out / "README.md").read_text()
+    assert all(f"(img/{it['id']}.png)" in page for it in lite) and "not comparable" in page
+    assert len(list((out / "img").glob("*.png"))) == len(lite)
+    sheet = (out / "answers.csv").read_text().splitlines()
+    assert sheet[1] == "id,type,format,answer" and len(sheet) == 2 + len(lite)
+    filled = sheet[:2] + [line + (_letter(it) if i else "") for i, (line, it) in enumerate(zip(sheet[2:], lite))]
+    (out / "answers.csv").write_text("\n".join(filled) + "\n")
+
+    def score(sheet_file, rep):
+        return subprocess.run([sys.executable, "-m", "assembly_probe", "run", "--answerer", "sheet", "--sheet",
+                               str(sheet_file), "--data", str(data), "--lite", "--out", str(rep), "--quiet"],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+
+    r = score(out / "answers.csv", tmp_path / "rep")
+    assert r.returncode == 0, r.stderr
+    s = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert s["answerer"] == "human (answer sheet)" and s["answerer_info"]["unanswered"] == 1
+    recs = {x["id"]: x for x in map(json.loads, (tmp_path / "rep" / "records.jsonl").read_text().splitlines())}
+    assert not recs[lite[0]["id"]]["correct"] and all(recs[it["id"]]["correct"] for it in lite[1:])
+    for name, text, needle in (
+            ("other_set.csv", filled[0][:-6] + "abcdef\n" + "\n".join(filled[1:]), "not of this set"),
+            ("unknown.csv", "\n".join(filled + ["height-999,height,one letter,A"]), "no item 'height-999'"),
+            ("twice.csv", "\n".join(filled + [filled[2]]), "appears twice"),
+            ("no_header.csv", "\n".join(filled[1:]), "line 1")):
+        (tmp_path / name).write_text(text)
+        r = score(tmp_path / name, tmp_path / "r")
+        assert r.returncode == 2 and needle in r.stderr and str(tmp_path / name) in r.stderr, (name, r.stderr)
+        assert r.stderr.strip().count("\n") == 0

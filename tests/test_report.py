@@ -423,7 +423,7 @@ def test_latency_axis_labels_between_the_powers_of_ten(tmp_path):
 def test_committed_reports_link_the_pictures_beside_them():
     for md in sorted(RESULTS.glob("**/REPORT.md")):
         if "reasoning" in md.parts:
-            continue  # eval.reasoning's reports
+            continue  # assembly_probe's reports
         text = md.read_text()
         for png in md.parent.glob("*.png"):
             assert f"]({png.name})" in text, (md, png.name)
