@@ -10,11 +10,16 @@ The graph (``BCCameraNetConfig``; its FLOPs in ``flops_per_query`` of eval.train
 - the **estimator**: per camera, three convolutions (5x5 stride 2, 3x3 stride 2, 3x3), then a 1x1 convolution and a
   spatial softmax, the expected image position of each of ``keypoints`` feature maps (Levine et al. 2016), and
   beside them a stride-2 3x3 convolution to ``grid_channels`` maps an eighth of the image side, flattened (how a
-  thing is turned, which a keypoint does not say); with the joint
-  positions (and the sines and cosines of the arm's) and the instruction as a one-hot, an MLP to the 32 scene
-  features bc-state reads (eval.training.state_features: the target block's and hole's poses, the gripper's,
-  whether it holds the block). Trained on a recording's ``observation.environment_state``, which the policy
-  never observes (privileged supervision at training time only);
+  thing is turned, which a keypoint does not say). The 32 scene features bc-state reads
+  (eval.training.state_features) are then put together as one consistent scene (version 4): the gripper's
+  (its position, closing angle, opening and tilt) by the Panda's forward kinematics from the joint positions
+  (engines.panda_kinematics: exact, nothing learnt); the block's and the hole's (positions, yaws, tilt,
+  whether it is held, its shape) by an MLP from the camera features, the instruction as a one-hot and the
+  gripper's features; and the relations bc-state acts on (block to gripper, hole to block, the knob's angle to
+  the fingers) computed from those two. Version 3's MLP estimated all 32 apart, from the raw joints, and
+  closed loop put the block at the gripper when the gripper came over it 120 mm up (docs/models.md). The
+  estimator is trained on a recording's ``observation.environment_state``, which the policy never observes
+  (privileged supervision at training time only);
 - the **policy head**: bc-state's MLP (engines.bc_mlp, its weights copied in and frozen) on the estimate and the
   8 action-history numbers (eval.training.state_features.ActionHistory), to the action. It reads the last
   action sent, as bc-state does; the estimator does not (a network that sees it learns to copy it).
@@ -22,7 +27,8 @@ The graph (``BCCameraNetConfig``; its FLOPs in ``flops_per_query`` of eval.train
 The output keeps the runners' chunk axis: actions (N, 1, 7). Weights, the normalisation and the configuration
 (the head's too) live in one safetensors file; a file that does not match the code fails in one line naming
 what differs. Version 1 (an MLP from the keypoints straight to a chunk of actions) failed every dev try; version 2
-(keypoints only) never estimated the block's yaw (docs/models.md).
+(keypoints only) never estimated the block's yaw; version 3 (the grid, every feature estimated) failed every dev
+try (docs/models.md).
 """
 
 from __future__ import annotations
@@ -35,13 +41,24 @@ import numpy as np
 
 from engines.bc_mlp import HISTORY_DIM, SCENE_DIM, BCConfig
 from engines.bc_mlp import build as build_policy_head
+from engines.panda_kinematics import gripper_module
 from engines.weights_file import BadCheckpointError, load_checked, read_checkpoint, write_checkpoint
+from env.arms import get_arm
+from env.geometry import BLOCK_HEIGHT
 from env.instructions import all_instructions
 
-FORMAT = "shape-assembly-bench/bc-camera/3"
+FORMAT = "shape-assembly-bench/bc-camera/4"
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "bc_camera.safetensors"
 INPUT_NAMES = ("third_person", "wrist", "low_dim")
-ARM_JOINTS = 7  # of the proprioception: the Panda's arm joints (revolute: their sines and cosines are inputs too)
+ARM_JOINTS = 7  # of the proprioception: the Panda's arm joints, then its 2 fingers
+# scene features (eval.training.state_features) read from the joints by forward kinematics: tcp_p, grip_cs,
+# opening, tcp_tilt
+GRIPPER_FEATURES = (0, 1, 2, 3, 4, 5, 29, 30)
+# scene features the estimator finds in the frames: the block's position, its yaw to the hole's, the hole,
+# tilt, grasped, shape, the board's yaw, the yaw error. The rest are relations computed from these and the
+# gripper's: grip_knob (11-12) from the closing angle and the block's yaw, block_minus_tcp (16-18),
+# hole_minus_block (19-21)
+FREE_FEATURES = (6, 7, 8, 9, 10, 13, 14, 15, 22, 23, 24, 25, 26, 27, 28, 31)
 
 
 @dataclass(frozen=True)
@@ -152,16 +169,19 @@ def build(config: BCCameraNetConfig):
         return 2 * config.keypoints + config.grid_channels * (config.image_side(name) // 8) ** 2
 
     seen = config.proprio_dim + len(config.instructions)  # the estimator's part of low_dim (no action history)
+    arm = get_arm("panda")
+    free, gripper = list(FREE_FEATURES), list(GRIPPER_FEATURES)
 
     class BCCameraNet(nn.Module):
         def __init__(self):
             super().__init__()
             self.encoders = nn.ModuleDict({name: Encoder(name) for name, _ in config.cameras})
-            dims = (sum(features_of(name) for name, _ in config.cameras) + seen + 2 * ARM_JOINTS, *config.hidden)
+            dims = (sum(features_of(name) for name, _ in config.cameras) + len(config.instructions)
+                    + len(GRIPPER_FEATURES), *config.hidden)
             layers: list[nn.Module] = []
             for a, b in zip(dims[:-1], dims[1:]):
                 layers += [nn.Linear(a, b), nn.GELU()]
-            layers.append(nn.Linear(dims[-1], SCENE_DIM))
+            layers.append(nn.Linear(dims[-1], len(FREE_FEATURES) + 2))  # + (cos, sin) of 4 x the block's yaw
             self.estimator = nn.Sequential(*layers)
             self.register_buffer("low_mean", torch.zeros(seen))
             self.register_buffer("low_std", torch.ones(seen))
@@ -169,16 +189,32 @@ def build(config: BCCameraNetConfig):
             self.register_buffer("scene_std", torch.ones(SCENE_DIM))
             self.policy = build_policy_head(config.policy)
             self.policy.requires_grad_(False)  # bc-state's trained network, frozen
+            self.gripper = gripper_module((*arm.base_xy, 0.0))
 
         def estimate(self, images: dict, low_dim):
             """The scene features (N, 32) from ``images`` (camera -> float (N, 3, side, side) in [0, 1], averaged
-            down to its image side) and the estimator's part of ``low_dim``."""
+            down to its image side) and the estimator's part of ``low_dim``: the gripper's features from the
+            joints (forward kinematics), the block's and hole's from the frames, the relations between them
+            computed from those (so an estimate is one consistent scene)."""
+            proprio = low_dim[:, :config.proprio_dim]
+            grip, grip4 = self.gripper(proprio[:, :ARM_JOINTS], arm.gripper_opening(proprio[:, ARM_JOINTS:].mean(-1)))
+            mean, std = self.scene_mean, self.scene_std
             feats = [self.encoders[name]((images[name] - 0.5) * 4.0) for name, _ in config.cameras]
-            seen_part = low_dim[:, :seen]
-            joints = seen_part[:, :ARM_JOINTS]
-            x = torch.cat([*feats, (seen_part - self.low_mean) / self.low_std, torch.sin(joints), torch.cos(joints)],
-                          dim=-1)
-            return self.estimator(x) * self.scene_std + self.scene_mean
+            instruction = (low_dim[:, config.proprio_dim:seen] - self.low_mean[config.proprio_dim:]) \
+                / self.low_std[config.proprio_dim:]
+            out = self.estimator(torch.cat([*feats, instruction, (grip - mean[gripper]) / std[gripper]], -1))
+            e = out[:, :len(FREE_FEATURES)] * std[free] + mean[free]
+            k4 = out[:, len(FREE_FEATURES):]  # (cos, sin) of 4 x the block's yaw
+            col = {i: e[:, j:j + 1] for j, i in enumerate(FREE_FEATURES)}
+            col.update({i: grip[:, j:j + 1] for j, i in enumerate(GRIPPER_FEATURES)})
+            tcp, block = grip[:, 0:3], e[:, 0:3]
+            col[11] = (grip4[:, 0] * k4[:, 0] + grip4[:, 1] * k4[:, 1])[:, None]  # cos 4 (closing - block yaw)
+            col[12] = (grip4[:, 1] * k4[:, 0] - grip4[:, 0] * k4[:, 1])[:, None]  # sin
+            for j in range(3):
+                col[16 + j] = block[:, j:j + 1] - tcp[:, j:j + 1]
+            col[19], col[20] = col[13] - col[6], col[14] - col[7]
+            col[21] = col[15] - (col[8] - BLOCK_HEIGHT / 2)
+            return torch.cat([col[i] for i in range(SCENE_DIM)], -1)
 
         def act(self, scene, low_dim):
             """The policy head's actions (N, 7) on scene features and the action history (``low_dim``'s last 8)."""

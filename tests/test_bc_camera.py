@@ -66,6 +66,50 @@ def test_onnx_export_runs_as_the_network_at_every_batch(tmp_path, grid_channels)
     assert np.max(np.abs(got - ref)) <= reblocking_bound(ref, others + [got], factor=8.0)
 
 
+def test_the_kinematic_chain_is_maniskills_panda_urdf():
+    """engines.panda_kinematics' joint origins are panda_v2.urdf's, read from the file mani-skill installed."""
+    import xml.etree.ElementTree as ET
+    from importlib.resources import files
+
+    from engines import panda_kinematics as K
+
+    urdf = files("mani_skill") / "assets" / "robots" / "panda" / "panda_v2.urdf"
+    joints = {j.get("name"): j for j in ET.fromstring(urdf.read_text()).iter("joint")}
+    ours = (*K.ARM_JOINT_ORIGINS, *K.TCP_FIXED)
+    for name, (xyz, rpy) in zip(K.URDF_JOINTS, ours, strict=True):
+        origin = joints[name].find("origin")
+        assert np.allclose([float(v) for v in origin.get("xyz").split()], xyz, atol=1e-12), name
+        assert np.allclose([float(v) for v in origin.get("rpy").split()], rpy, atol=1e-12), name
+        axis = joints[name].find("axis")
+        assert joints[name].get("type") == ("revolute" if axis is not None else "fixed"), name
+        assert axis is None or axis.get("xyz").split() == ["0", "0", "1"], name
+
+
+@pytest.mark.sim
+def test_the_estimates_gripper_features_are_the_recorded_truth(recorded_demos):
+    """The gripper's scene features in an estimate (forward kinematics of the recorded joints) are the recording's
+    observation.environment_state to float32 rounding, whatever the untrained estimator says of the rest; the
+    relations (block to gripper, hole to block) are those of the estimate's own block, hole and gripper."""
+    import pyarrow.parquet as pq
+
+    demos, _ = recorded_demos
+    table = pq.read_table(demos / "data" / "chunk-000" / "file-000.parquet").to_pydict()
+    state = torch.tensor(table["observation.state"], dtype=torch.float32)
+    truth = np.asarray(table["observation.environment_state"], np.float32)
+    cfg = bc_camera.BCCameraNetConfig()
+    model = bc_camera.build(cfg).eval()
+    low = torch.zeros(len(state), cfg.low_dim)
+    low[:, :cfg.proprio_dim] = state
+    images = {name: torch.rand(len(state), 3, cfg.image_side(name), cfg.image_side(name)) for name, _ in cfg.cameras}
+    with torch.no_grad():
+        est = model.estimate(images, low).numpy()
+    g = list(bc_camera.GRIPPER_FEATURES)
+    # float32 rounding through 10 chained transforms of terms up to 1 m: a few ulp of 1 per transform
+    assert np.max(np.abs(est[:, g] - truth[:, g])) <= 10 * 4 * np.finfo(np.float32).eps
+    assert np.allclose(est[:, 16:19], est[:, 6:9] - est[:, 0:3], atol=1e-6)
+    assert np.allclose(est[:, 19:21], est[:, 13:15] - est[:, 6:8], atol=1e-6)
+
+
 def _train(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "eval.training.train_bc_camera", "--quiet", *args], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=timeout)
