@@ -110,6 +110,27 @@ def test_the_estimates_gripper_features_are_the_recorded_truth(recorded_demos):
     assert np.allclose(est[:, 19:21], est[:, 13:15] - est[:, 6:8], atol=1e-6)
 
 
+def test_the_knob_angle_is_read_from_the_wrist_camera_alone():
+    """grip_knob (the knob's angle to the fingers) depends on the wrist frames only: other joints, another
+    instruction or another third-person frame leave it as it is (version 4, given the arm's pose, put the block
+    aligned with the fingers wherever they hovered); the wrist frames move it."""
+    torch.manual_seed(0)
+    cfg = bc_camera.BCCameraNetConfig()
+    model = bc_camera.build(cfg).eval()
+    n = 4
+    images = {name: torch.rand(n, 3, cfg.image_side(name), cfg.image_side(name)) for name, _ in cfg.cameras}
+    low = torch.rand(n, cfg.low_dim)
+    other_low = torch.rand(n, cfg.low_dim)
+    with torch.no_grad():
+        est = model.estimate(images, low)
+        moved = model.estimate({**images, "third_person": torch.rand_like(images["third_person"])}, other_low)
+        wrist = model.estimate({**images, "wrist": torch.rand_like(images["wrist"])}, low)
+    knob = list(bc_camera.KNOB)
+    assert torch.equal(est[:, knob], moved[:, knob])
+    assert not torch.allclose(est[:, knob], wrist[:, knob])
+    assert not torch.allclose(est[:, list(bc_camera.FREE_FEATURES)], moved[:, list(bc_camera.FREE_FEATURES)])
+
+
 def _train(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "eval.training.train_bc_camera", "--quiet", *args], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=timeout)
