@@ -313,26 +313,22 @@ def q_multiview(rng, index):
     ref_cam, cand_cam = VIEW_PAIRS[index % len(VIEW_PAIRS)]
     entries = [(st, True)]
     seen = {S.canonical(S.round_state(st))}
+
+    def add_changed(kind: str) -> None:
+        d = _changed(rng, st, kind)
+        key = None if d is None else S.canonical(S.round_state(d))
+        if key is not None and key not in seen:
+            seen.add(key)
+            entries.append((d, False))
+
     for kind in rng.permutation(["mirror", "move", "recolor", "rotate"]):
         if len(entries) == 4:
             break
-        d = _changed(rng, st, str(kind))
-        if d is None:
-            continue
-        key = S.canonical(S.round_state(d))
-        if key not in seen:
-            seen.add(key)
-            entries.append((d, False))
+        add_changed(str(kind))
     for attempt in range(200):  # scenes with no free table block: other colour swaps
         if len(entries) == 4:
             break
-        d = _changed(rng, st, ("recolor", "move")[attempt % 2])
-        if d is None:
-            continue
-        key = S.canonical(S.round_state(d))
-        if key not in seen:
-            seen.add(key)
-            entries.append((d, False))
+        add_changed(("recolor", "move")[attempt % 2])
     labels, states, answer = _arrange(rng, entries[0][0], [e[0] for e in entries[1:]], index % len(entries))
     images = [_img("Image 1", "reference", st, ref_cam)] + [_img(lab, "candidate", s, cand_cam) for lab, s in zip(labels, states)]
     prompt = (f"Image 1 shows a scene from the {ref_cam} camera. Images A-D are taken from the {cand_cam} camera. "

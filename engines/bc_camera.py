@@ -206,7 +206,7 @@ def build(config: BCCameraNetConfig):
             joints (forward kinematics), the block's and hole's from the frames, the relations between them
             computed from those (so an estimate is one consistent scene)."""
             proprio = low_dim[:, :config.proprio_dim]
-            grip, _ = self.gripper(proprio[:, :ARM_JOINTS], arm.gripper_opening(proprio[:, ARM_JOINTS:].mean(-1)))
+            grip = self.gripper(proprio[:, :ARM_JOINTS], arm.gripper_opening(proprio[:, ARM_JOINTS:].mean(-1)))
             mean, std = self.scene_mean, self.scene_std
             feats = {name: self.encoders[name]((images[name] - 0.5) * 4.0) for name, _ in config.cameras}
             instruction = (low_dim[:, config.proprio_dim:seen] - self.low_mean[config.proprio_dim:]) \

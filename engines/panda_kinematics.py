@@ -49,9 +49,8 @@ def _matmul(a, b):
 
 def gripper_module(base_xyz: tuple[float, float, float]):
     """A torch module: (N, 7) arm joints and (N,) openings (0 closed .. 1 open) -> the gripper's scene features
-    (eval.training.state_features: tcp_p, grip_cs, opening, tcp_tilt; (N, 8)) and (cos, sin) of 4 x its closing
-    angle (N, 2), the arm's base at ``base_xyz`` unrotated. Its constants are buffers (not saved with weights:
-    they are the URDF's)."""
+    (eval.training.state_features: tcp_p, grip_cs, opening, tcp_tilt; (N, 8)), the arm's base at ``base_xyz``
+    unrotated. Its constants are buffers (not saved with weights: they are the URDF's)."""
     import torch
     from torch import nn
 
@@ -95,7 +94,6 @@ def gripper_module(base_xyz: tuple[float, float, float]):
             one_plus_c = (1 - az).clamp_min(1e-6)
             angle_over_s = torch.where(s > 1e-6, 2 * torch.atan(s / one_plus_c) / s.clamp_min(1e-6), 2 / one_plus_c)
             tilt = torch.stack([-ay * angle_over_s, ax * angle_over_s], -1)
-            features = torch.cat([p, cos2[:, None], sin2[:, None], opening[:, None], tilt], -1)
-            return features, torch.stack([cos2 * cos2 - sin2 * sin2, 2 * sin2 * cos2], -1)
+            return torch.cat([p, cos2[:, None], sin2[:, None], opening[:, None], tilt], -1)
 
     return GripperFeatures()
