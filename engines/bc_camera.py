@@ -127,14 +127,12 @@ def pool_frames(frames: np.ndarray, factor: int) -> np.ndarray:
     return np.clip(np.rint(x), 0, 255).astype(np.uint8).transpose(0, 3, 1, 2)
 
 
-def build(config: BCCameraNetConfig):
+def camera_encoder(config: BCCameraNetConfig, side: int, name: str = ""):
+    """One camera's encoder: a float (N, 3, side, side) frame in [0, 1], centred and scaled -> its keypoints (2K) and,
+    with ``grid_channels``, its flattened coarse grid (``encoder_features`` numbers). ``name``: a camera of
+    ``config`` whose frames must average down to ``side`` (checked in one line); empty for another view."""
     import torch
     from torch import nn
-
-    if config.policy.state_dim != SCENE_DIM + HISTORY_DIM or config.policy.action_dim != config.action_dim:
-        raise ValueError(f"the policy head maps {config.policy.state_dim} -> {config.policy.action_dim} numbers; "
-                         f"bc-camera feeds it {SCENE_DIM} scene + {HISTORY_DIM} history numbers for "
-                         f"{config.action_dim}-number actions")
 
     class SpatialSoftmax(nn.Module):
         """(N, K, H, W) maps -> (N, 2K): each map's softmax-weighted x and y in [-1, 1]."""
@@ -150,18 +148,16 @@ def build(config: BCCameraNetConfig):
             return torch.cat([p @ self.xs, p @ self.ys], dim=-1)
 
     class Encoder(nn.Module):
-        """One camera's frame -> its keypoints (2K) and, with ``grid_channels``, its flattened coarse grid."""
-
-        def __init__(self, name: str):
+        def __init__(self):
             super().__init__()
             c1, c2, c3 = config.channels
-            config.pool(name)  # a side the frames do not average down to is one line here
+            if name:
+                config.pool(name)  # a side the frames do not average down to is one line here
             self.trunk = nn.Sequential(
                 nn.Conv2d(3, c1, 5, stride=2, padding=2), nn.GELU(),
                 nn.Conv2d(c1, c2, 3, stride=2, padding=1), nn.GELU(),
                 nn.Conv2d(c2, c3, 3, padding=1), nn.GELU())
-            self.keypoints = nn.Sequential(nn.Conv2d(c3, config.keypoints, 1),
-                                           SpatialSoftmax(config.image_side(name) // 4))
+            self.keypoints = nn.Sequential(nn.Conv2d(c3, config.keypoints, 1), SpatialSoftmax(side // 4))
             self.grid = (nn.Sequential(nn.Conv2d(c3, config.grid_channels, 3, stride=2, padding=1), nn.GELU(),
                                        nn.Flatten()) if config.grid_channels else None)
 
@@ -169,8 +165,25 @@ def build(config: BCCameraNetConfig):
             maps = self.trunk(x)
             return self.keypoints(maps) if self.grid is None else torch.cat([self.keypoints(maps), self.grid(maps)], -1)
 
+    return Encoder()
+
+
+def encoder_features(config: BCCameraNetConfig, side: int) -> int:
+    """How many numbers :func:`camera_encoder` gives for frames of ``side`` pixels."""
+    return 2 * config.keypoints + config.grid_channels * (side // 8) ** 2
+
+
+def build(config: BCCameraNetConfig):
+    import torch
+    from torch import nn
+
+    if config.policy.state_dim != SCENE_DIM + HISTORY_DIM or config.policy.action_dim != config.action_dim:
+        raise ValueError(f"the policy head maps {config.policy.state_dim} -> {config.policy.action_dim} numbers; "
+                         f"bc-camera feeds it {SCENE_DIM} scene + {HISTORY_DIM} history numbers for "
+                         f"{config.action_dim}-number actions")
+
     def features_of(name: str) -> int:
-        return 2 * config.keypoints + config.grid_channels * (config.image_side(name) // 8) ** 2
+        return encoder_features(config, config.image_side(name))
 
     seen = config.proprio_dim + len(config.instructions)  # the estimator's part of low_dim (no action history)
     arm = get_arm("panda")
@@ -179,7 +192,8 @@ def build(config: BCCameraNetConfig):
     class BCCameraNet(nn.Module):
         def __init__(self):
             super().__init__()
-            self.encoders = nn.ModuleDict({name: Encoder(name) for name, _ in config.cameras})
+            self.encoders = nn.ModuleDict({name: camera_encoder(config, config.image_side(name), name)
+                                           for name, _ in config.cameras})
             dims = (sum(features_of(name) for name, _ in config.cameras) + len(config.instructions)
                     + len(GRIPPER_FEATURES), *config.hidden)
             layers: list[nn.Module] = []

@@ -239,3 +239,32 @@ def test_a_dataset_of_another_task_list_or_split_is_refused(recorded_demos, tmp_
     assert no_head.returncode == 2 and no_head.stderr.strip().splitlines() == [
         f"error: --policy {tmp_path / 'none'} does not exist; give bc-state weights (python -m eval.training.train_bc "
         f"makes them)"]
+
+
+def test_the_knob_probes_crop_is_the_frames_pixels_unturned():
+    from eval.training.knob_probe import view
+
+    x = torch.rand(2, 3, 128, 128)
+    crop = view(x, torch.zeros(2), 40, 76, pooled=False)
+    assert torch.allclose(crop, x[:, :, 56:96, 44:84], atol=1e-6)
+    turned = view(x, torch.full((2,), np.pi / 2), 40, 64, pooled=False)  # a quarter turn: the centre square, turned
+    assert torch.allclose(turned, torch.rot90(x[:, :, 44:84, 44:84], 1, dims=(2, 3)), atol=1e-5) or \
+        torch.allclose(turned, torch.rot90(x[:, :, 44:84, 44:84], -1, dims=(2, 3)), atol=1e-5)
+
+
+@pytest.mark.sim
+def test_the_knob_probe_trains_on_a_recording_and_reports_the_hover(recorded_demos, tmp_path):
+    demos, _ = recorded_demos
+    out = tmp_path / "probe.json"
+    proc = subprocess.run([sys.executable, "-m", "eval.training.knob_probe", "--datasets", str(demos), "--held-out",
+                           str(demos), "--view", "crop", "--crop-side", "40", "--crop-row", "76", "--rotate",
+                           "--epochs", "1", "--batch", "16", "--cache", str(tmp_path / "frames"), "--quiet",
+                           "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    hover = report["history"][0]["held_out_hover"]
+    assert hover["steps"] > 0 and 0 <= hover["median_deg"] <= 45
+    assert report["side"] == 40 and report["rotate"] is True
+    bad = subprocess.run([sys.executable, "-m", "eval.training.knob_probe", "--datasets", str(demos), "--held-out",
+                          str(demos), "--view", "pooled", "--rotate"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "--view crop" in bad.stderr
