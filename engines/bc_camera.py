@@ -11,14 +11,18 @@ The graph (``BCCameraNetConfig``; its FLOPs in ``flops_per_query`` of eval.train
   spatial softmax, the expected image position of each of ``keypoints`` feature maps (Levine et al. 2016), and
   beside them a stride-2 3x3 convolution to ``grid_channels`` maps an eighth of the image side, flattened (how a
   thing is turned, which a keypoint does not say). The 32 scene features bc-state reads
-  (eval.training.state_features) are then put together as one consistent scene (versions 4 and 5): the
+  (eval.training.state_features) are then put together as one consistent scene (versions 4 to 6): the
   gripper's (its position, closing angle, opening and tilt) by the Panda's forward kinematics from the joint
   positions (engines.panda_kinematics: exact, nothing learnt); the block's and the hole's (positions, yaws,
-  tilt, whether it is held, its shape) by an MLP from the camera features, the instruction as a one-hot and the
-  gripper's features; the knob's angle to the fingers by a small MLP from the wrist camera's features alone
+  tilt, whether it is held, its shape) by an MLP from the camera features and the instruction as a one-hot
+  (versions 4 and 5 gave it the gripper's features too, and it put the block under the gripper wherever the
+  gripper was: ``estimator_reads_gripper``); the knob's angle to the fingers by a small MLP from the wrist camera's features alone
   (version 5: version 4 composed it from the closing angle and the estimated block yaw, and its estimator put
-  the block aligned with the fingers wherever they hovered); and the relations bc-state acts on (block to
-  gripper, hole to block) computed from those. Version 3's MLP estimated all 32 apart, from the raw joints, and
+  the block aligned with the fingers wherever they hovered); near the block (where the estimator puts it
+  within ``OFFSET_NEAR`` across of the gripper) its position across is the gripper's plus an offset read by a
+  second small head on the wrist camera's features (version 7: the frames at 64 pixels place the block to
+  about a centimetre, and over it bc-state needs a few millimetres); and the relations bc-state acts on (block
+  to gripper, hole to block) computed from those. Version 3's MLP estimated all 32 apart, from the raw joints, and
   closed loop put the block at the gripper when the gripper came over it 120 mm up (docs/models.md). The
   estimator is trained on a recording's ``observation.environment_state``, which the policy never observes
   (privileged supervision at training time only);
@@ -30,7 +34,7 @@ The output keeps the runners' chunk axis: actions (N, 1, 7). Weights, the normal
 (the head's too) live in one safetensors file; a file that does not match the code fails in one line naming
 what differs. Version 1 (an MLP from the keypoints straight to a chunk of actions) failed every dev try; version 2
 (keypoints only) never estimated the block's yaw; version 3 (the grid, every feature estimated) failed every dev
-try, and so did version 4 (docs/models.md).
+try, and so did versions 4 to 6 (docs/models.md).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from env.arms import get_arm
 from env.geometry import BLOCK_HEIGHT
 from env.instructions import all_instructions
 
-FORMAT = "shape-assembly-bench/bc-camera/5"
+FORMAT = "shape-assembly-bench/bc-camera/7"
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "bc_camera.safetensors"
 INPUT_NAMES = ("third_person", "wrist", "low_dim")
 ARM_JOINTS = 7  # of the proprioception: the Panda's arm joints, then its 2 fingers
@@ -63,6 +67,13 @@ GRIPPER_FEATURES = (0, 1, 2, 3, 4, 5, 29, 30)
 FREE_FEATURES = (6, 7, 8, 9, 10, 13, 14, 15, 22, 23, 24, 25, 26, 27, 28, 31)
 KNOB = [11, 12]  # grip_knob: (cos, sin) of 4 x the knob's angle to the fingers, from the wrist camera alone
 KNOB_HIDDEN = 64
+# the block's offset across from the gripper (version 7): read by a wrist-camera head where the estimator puts the
+# block within OFFSET_NEAR of the gripper (blended over OFFSET_SOFTNESS), the estimator's farther away. The frames
+# at 64 pixels place the block to about a centimetre; over the block bc-state needs a few millimetres, which the
+# wrist camera shows (docs/models.md)
+OFFSET_NEAR = 0.05  # m
+OFFSET_SOFTNESS = 0.005  # m
+OFFSET_SCALE = 0.03  # m: the head's output unit
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,11 @@ class BCCameraNetConfig:
     # 0: keypoints only (version 2)
     grid_channels: int = 16
     hidden: tuple[int, ...] = (256, 256)
+    # whether the estimator's MLP reads the gripper's features (version 4 and 5) beside the frames and the
+    # instruction. False (version 6): given the arm's pose it learnt the demonstrations' tie of the block to the
+    # gripper and, on the camera policy's own tries, put the block under the gripper wherever it was (offset
+    # estimated 8 mm where truly 77, uncorrelated with the truth: docs/models.md)
+    estimator_reads_gripper: bool = False
     action_dim: int = 7
     # bc-state's network (engines.bc_mlp.BCConfig) as the policy head
     policy: BCConfig = field(default_factory=BCConfig)
@@ -195,7 +211,7 @@ def build(config: BCCameraNetConfig):
             self.encoders = nn.ModuleDict({name: camera_encoder(config, config.image_side(name), name)
                                            for name, _ in config.cameras})
             dims = (sum(features_of(name) for name, _ in config.cameras) + len(config.instructions)
-                    + len(GRIPPER_FEATURES), *config.hidden)
+                    + (len(GRIPPER_FEATURES) if config.estimator_reads_gripper else 0), *config.hidden)
             layers: list[nn.Module] = []
             for a, b in zip(dims[:-1], dims[1:]):
                 layers += [nn.Linear(a, b), nn.GELU()]
@@ -206,6 +222,8 @@ def build(config: BCCameraNetConfig):
             # put the block aligned with it where the demonstrations always are (docs/models.md)
             self.knob = nn.Sequential(nn.Linear(features_of("wrist"), KNOB_HIDDEN), nn.GELU(),
                                       nn.Linear(KNOB_HIDDEN, 2))
+            self.offset = nn.Sequential(nn.Linear(features_of("wrist"), KNOB_HIDDEN), nn.GELU(),
+                                        nn.Linear(KNOB_HIDDEN, 2))
             self.register_buffer("low_mean", torch.zeros(seen))
             self.register_buffer("low_std", torch.ones(seen))
             self.register_buffer("scene_mean", torch.zeros(SCENE_DIM))
@@ -214,29 +232,40 @@ def build(config: BCCameraNetConfig):
             self.policy.requires_grad_(False)  # bc-state's trained network, frozen
             self.gripper = gripper_module((*arm.base_xy, 0.0))
 
-        def estimate(self, images: dict, low_dim):
+        def estimate(self, images: dict, low_dim, with_offset: bool = False):
             """The scene features (N, 32) from ``images`` (camera -> float (N, 3, side, side) in [0, 1], averaged
             down to its image side) and the estimator's part of ``low_dim``: the gripper's features from the
             joints (forward kinematics), the block's and hole's from the frames, the relations between them
-            computed from those (so an estimate is one consistent scene)."""
+            computed from those (so an estimate is one consistent scene). Near the block its position across is
+            the gripper's plus the wrist head's offset. ``with_offset``: (scene, the wrist head's offset (N, 2) in
+            m), for its training loss."""
             proprio = low_dim[:, :config.proprio_dim]
             grip = self.gripper(proprio[:, :ARM_JOINTS], arm.gripper_opening(proprio[:, ARM_JOINTS:].mean(-1)))
             mean, std = self.scene_mean, self.scene_std
             feats = {name: self.encoders[name]((images[name] - 0.5) * 4.0) for name, _ in config.cameras}
             instruction = (low_dim[:, config.proprio_dim:seen] - self.low_mean[config.proprio_dim:]) \
                 / self.low_std[config.proprio_dim:]
-            out = self.estimator(torch.cat([*feats.values(), instruction, (grip - mean[gripper]) / std[gripper]], -1))
+            seen_grip = [(grip - mean[gripper]) / std[gripper]] if config.estimator_reads_gripper else []
+            out = self.estimator(torch.cat([*feats.values(), instruction, *seen_grip], -1))
             e = out * std[free] + mean[free]
             knob = self.knob(feats["wrist"]) * std[KNOB] + mean[KNOB]
             col = {i: e[:, j:j + 1] for j, i in enumerate(FREE_FEATURES)}
             col.update({i: grip[:, j:j + 1] for j, i in enumerate(GRIPPER_FEATURES)})
-            tcp, block = grip[:, 0:3], e[:, 0:3]
+            tcp = grip[:, 0:3]
+            offset = self.offset(feats["wrist"]) * OFFSET_SCALE
+            far = e[:, 0:2]  # the estimator's block x, y
+            near = torch.sigmoid((OFFSET_NEAR - torch.linalg.vector_norm(far - tcp[:, 0:2], dim=-1, keepdim=True))
+                                 / OFFSET_SOFTNESS)
+            across = near * (tcp[:, 0:2] + offset) + (1 - near) * far
+            col[6], col[7] = across[:, 0:1], across[:, 1:2]
+            block = torch.cat([col[6], col[7], col[8]], -1)
             col[11], col[12] = knob[:, 0:1], knob[:, 1:2]
             for j in range(3):
                 col[16 + j] = block[:, j:j + 1] - tcp[:, j:j + 1]
             col[19], col[20] = col[13] - col[6], col[14] - col[7]
             col[21] = col[15] - (col[8] - BLOCK_HEIGHT / 2)
-            return torch.cat([col[i] for i in range(SCENE_DIM)], -1)
+            scene = torch.cat([col[i] for i in range(SCENE_DIM)], -1)
+            return (scene, offset) if with_offset else scene
 
         def act(self, scene, low_dim):
             """The policy head's actions (N, 7) on scene features and the action history (``low_dim``'s last 8)."""

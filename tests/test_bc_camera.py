@@ -267,4 +267,74 @@ def test_the_knob_probe_trains_on_a_recording_and_reports_the_hover(recorded_dem
     assert report["side"] == 40 and report["rotate"] is True
     bad = subprocess.run([sys.executable, "-m", "eval.training.knob_probe", "--datasets", str(demos), "--held-out",
                           str(demos), "--view", "pooled", "--rotate"], cwd=REPO_ROOT, capture_output=True, text=True)
-    assert bad.returncode == 2 and "--view crop" in bad.stderr
+    assert bad.returncode == 2 and "--view crop --target knob" in bad.stderr
+
+
+def test_the_block_and_hole_are_read_from_the_frames_and_instruction_not_the_arm():
+    """Version 6: the estimator's block and hole depend on the frames and the instruction only; other joint
+    positions move the gripper's features and the relations, not the block's height, yaw or hole (versions 4 and
+    5, given the gripper's pose, put the block under the gripper wherever it was)."""
+    torch.manual_seed(0)
+    cfg = bc_camera.BCCameraNetConfig()
+    model = bc_camera.build(cfg).eval()
+    n = 4
+    images = {name: torch.rand(n, 3, cfg.image_side(name), cfg.image_side(name)) for name, _ in cfg.cameras}
+    low = torch.rand(n, cfg.low_dim)
+    other = low.clone()
+    other[:, :cfg.proprio_dim] = torch.rand(n, cfg.proprio_dim)
+    with torch.no_grad():
+        est, moved = model.estimate(images, low), model.estimate(images, other)
+    # the block's position across near the gripper is the gripper's plus the wrist head's offset (version 7)
+    free = [i for i in bc_camera.FREE_FEATURES if i not in (6, 7)]
+    gripper = list(bc_camera.GRIPPER_FEATURES)
+    assert torch.equal(est[:, free], moved[:, free])
+    assert not torch.allclose(est[:, gripper], moved[:, gripper])
+    assert not torch.allclose(est[:, 16:19], moved[:, 16:19])
+
+
+def test_dataset_weights_are_one_positive_number_a_folder(tmp_path):
+    for weights in (["1"], ["1", "0"]):
+        proc = _train("--datasets", str(tmp_path / "a"), str(tmp_path / "b"), "--dataset-weights", *weights,
+                      "--work", str(tmp_path / "work"))
+        assert proc.returncode == 2 and "--dataset-weights takes one number > 0 for each of the 2" in proc.stderr, \
+            proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.sim
+def test_the_diagnosis_reports_each_phase_of_a_recording(trained, recorded_demos, tmp_path):
+    root, _, proc = trained
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    demos, _ = recorded_demos
+    out = tmp_path / "diagnosis.json"
+    run = subprocess.run([sys.executable, "-m", "eval.training.diagnose_bc_camera", "--weights",
+                          str(root / "w.safetensors"), "--datasets", str(demos), "--cache", str(tmp_path / "frames"),
+                          "--quiet", "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["steps"] == sum(p["steps"] for p in report["phases"].values())
+    assert "grasped" in report["phases"] and "block_across" in report["phases"]["grasped"]["action_error_with_true"]
+    missing = subprocess.run([sys.executable, "-m", "eval.training.diagnose_bc_camera", "--weights",
+                              str(tmp_path / "none.safetensors"), "--datasets", str(demos)], cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=600)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr
+
+
+def test_near_the_gripper_the_blocks_position_across_is_the_gripper_plus_the_wrist_offset():
+    """Version 7: where the estimator puts the block within OFFSET_NEAR across of the gripper, its x, y are the
+    gripper's plus the wrist head's offset; far from it, the estimator's own."""
+    torch.manual_seed(0)
+    cfg = bc_camera.BCCameraNetConfig()
+    model = bc_camera.build(cfg).eval()
+    images = {name: torch.rand(1, 3, cfg.image_side(name), cfg.image_side(name)) for name, _ in cfg.cameras}
+    low = torch.rand(1, cfg.low_dim)
+    with torch.no_grad():
+        model.estimator[-1].weight.zero_()
+        model.estimator[-1].bias.zero_()  # the estimator says its normalisation's mean: the block at scene_mean
+        tcp = model.estimate(images, low)[0, 0:2]
+        for place, near in ((tcp, True), (tcp + torch.tensor([0.0, 0.2]), False)):
+            model.scene_mean[6:8] = place
+            est, offset = model.estimate(images, low, with_offset=True)
+            expected = tcp + offset[0] if near else place
+            assert torch.allclose(est[0, 6:8], expected, atol=1e-5), (near, est[0, 6:8], expected)
+            assert torch.allclose(est[0, 16:18], est[0, 6:8] - tcp, atol=1e-6)

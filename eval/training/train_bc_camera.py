@@ -21,7 +21,8 @@ The recipe (what ``training.json`` reports):
   and yaw error at 0.02 rad), plus ``Recipe.action_weight`` x the squared error of bc-state's action (trained
   space, signed square roots) on the estimate against its action on the true state, with the step's true action
   history (both 0 by default: with them the uncertain estimates collapsed to 0); steps before the grasp drawn
-  ``Recipe.before_grasp_weight`` times as often as grasped ones;
+  ``Recipe.before_grasp_weight`` times as often as grasped ones, and each folder's steps as often as its
+  ``Recipe.dataset_weights`` (``--dataset-weights``) says against the others';
 - augmentation: each camera's brightness and contrast scaled by up to ``COLOUR`` relative, per sample, and its
   frame shifted by up to ``Recipe.shift`` pixels (edge pixels repeated; DrQ, Kostrikov et al. 2020; 0 by
   default: both cameras are fixed to the scene or the gripper, so where a thing is in the frame says where it is);
@@ -49,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.bc_camera import DEFAULT_WEIGHTS, BCCameraNetConfig, build, pool_frames, save
+from engines.bc_camera import OFFSET_NEAR, OFFSET_SCALE, DEFAULT_WEIGHTS, BCCameraNetConfig, build, pool_frames, save
 from engines.bc_mlp import DEFAULT_WEIGHTS as BC_STATE_WEIGHTS
 from engines.bc_mlp import HISTORY_DIM, SCENE_DIM
 
@@ -80,6 +81,10 @@ class Recipe:
     # grasped block (which the wrist camera sees large), and an estimator trained on them uniformly does not find
     # the block before the grasp (docs/models.md)
     before_grasp_weight: float = 1.0
+    # how often each dataset's steps are drawn against the others', one per --datasets folder in order (empty:
+    # 1 each): the camera policy's own tries (a DAgger round) hold the states where the demonstrations' ties
+    # (the block under a hovering gripper) do not hold, a tenth of the steps
+    dataset_weights: tuple[float, ...] = ()
     # of the loss on bc-state's fine-scale copies (tanh of the relative vectors over 4 mm, of the tilts and yaw
     # error over 0.02 rad): near a step function of the sign beyond its scale, so where the frames leave the sign
     # uncertain it pulls the estimate to 0, "the block is under the gripper, turned right" (docs/models.md)
@@ -100,6 +105,7 @@ class Demos:
     scene: np.ndarray
     episode: np.ndarray
     episodes_used: int
+    source: np.ndarray | None = None  # each step's dataset: its index in the folders read
 
 
 def _json(path: Path, what: str) -> dict:
@@ -223,7 +229,7 @@ def read_demos(roots: list[Path], config: BCCameraNetConfig, cache: Path, show: 
     from eval.training.state_features import ActionHistory
 
     parts = []
-    for root in roots:
+    for source, root in enumerate(roots):
         check_dataset(root)
         key = dataset_key(root)
         episodes = []
@@ -253,7 +259,7 @@ def read_demos(roots: list[Path], config: BCCameraNetConfig, cache: Path, show: 
                 history.update(a)
             onehot = instruction_one_hot(task_of[int(task_index[lo])], config)
             low = np.concatenate([state[lo:hi], np.repeat(onehot[None], hi - lo, 0), np.stack(hist)], axis=1)
-            parts.append((lo, hi, low, scene[lo:hi], frames))
+            parts.append((lo, hi, low, scene[lo:hi], frames, source))
     if not parts:
         raise TrainingInputError(f"no episode to train on in {', '.join(map(str, roots))}")
     cams = [c for c, _ in config.cameras]
@@ -261,7 +267,8 @@ def read_demos(roots: list[Path], config: BCCameraNetConfig, cache: Path, show: 
                  low_dim=np.concatenate([p[2] for p in parts]).astype(np.float32),
                  scene=np.concatenate([p[3] for p in parts]).astype(np.float32),
                  episode=np.concatenate([np.full(p[1] - p[0], i) for i, p in enumerate(parts)]),
-                 episodes_used=len(parts))
+                 episodes_used=len(parts),
+                 source=np.concatenate([np.full(p[1] - p[0], p[5]) for p in parts]))
 
 
 # ------------------------------------------------------------------ training
@@ -441,18 +448,26 @@ def train(demos: Demos, recipe: Recipe, work: Path, policy: Path, show: bool = T
         t0 = time.monotonic()
         model.train()
         draw = np.random.default_rng([recipe.seed, epoch])
-        if recipe.before_grasp_weight == 1.0:
+        if recipe.before_grasp_weight == 1.0 and not recipe.dataset_weights:
             order = torch.as_tensor(draw.permutation(tr))
-        else:  # as many draws as steps, before-grasp steps weighted
+        else:  # as many draws as steps, before-grasp steps and each dataset's steps weighted
             w = np.where(grasped[tr], 1.0, recipe.before_grasp_weight)
+            if recipe.dataset_weights:
+                w = w * np.asarray(recipe.dataset_weights)[demos.source[tr]]
             order = torch.as_tensor(draw.choice(tr, size=len(tr), p=w / w.sum()))
         gen = torch.Generator().manual_seed(recipe.seed * 1_000_003 + epoch)
         total = 0.0
         bar = tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}/{recipe.epochs}", unit="batch", disable=not show)
         for i in bar:
             j = order[i * recipe.batch:(i + 1) * recipe.batch]
-            est = model.estimate({c: augment(frames[c][j], gen, recipe.shift) for c in frames}, low[j])
+            est, offset = model.estimate({c: augment(frames[c][j], gen, recipe.shift) for c in frames}, low[j],
+                                         with_offset=True)
             loss, _ = loss_fn(est, scene[j], low[j])
+            # the wrist head's offset, on the steps whose block is within OFFSET_NEAR across of the gripper
+            true_offset = scene[j][:, 16:18]
+            near = torch.linalg.vector_norm(true_offset, dim=-1) < OFFSET_NEAR
+            if near.any():
+                loss = loss + (((offset[near] - true_offset[near]) / OFFSET_SCALE) ** 2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -519,6 +534,8 @@ def main(argv=None) -> int:
                    help="weight of the policy head's action error beside the feature error")
     p.add_argument("--before-grasp-weight", type=float, default=defaults.before_grasp_weight,
                    help="how much more often a step before the grasp is drawn than a grasped one")
+    p.add_argument("--dataset-weights", type=float, nargs="+", metavar="W",
+                   help="how often each --datasets folder's steps are drawn against the others' (default 1 each)")
     p.add_argument("--fine-weight", type=float, default=defaults.fine_weight,
                    help="weight of the loss on bc-state's fine-scale copies of the estimate")
     p.add_argument("--grid-channels", type=int, default=defaults.config.grid_channels,
@@ -539,6 +556,10 @@ def main(argv=None) -> int:
             raise TrainingInputError(f"--policy {policy} does not exist; give bc-state weights "
                                      f"(python -m eval.training.train_bc makes them)")
         roots = [Path(d) for d in args.datasets]
+        weights = tuple(args.dataset_weights or ())
+        if weights and (len(weights) != len(roots) or not all(0 < w < float("inf") for w in weights)):
+            raise TrainingInputError(f"--dataset-weights takes one number > 0 for each of the {len(roots)} "
+                                     f"--datasets folders, in order; got {len(weights)}")
         for root in roots:
             if not root.is_dir():
                 raise TrainingInputError(f"{root} is not a folder; record demonstrations with python -m eval.record "
@@ -546,7 +567,7 @@ def main(argv=None) -> int:
             check_dataset(root)
         recipe = Recipe(epochs=args.epochs, batch=args.batch, lr=args.lr, seed=args.seed, shift=args.shift,
                         action_weight=args.action_weight, before_grasp_weight=args.before_grasp_weight,
-                        fine_weight=args.fine_weight,
+                        fine_weight=args.fine_weight, dataset_weights=weights,
                         config=replace(BCCameraNetConfig(), grid_channels=args.grid_channels))
         work = Path(args.work)
         ident = run_identity(roots, recipe, policy)
