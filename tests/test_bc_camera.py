@@ -287,8 +287,9 @@ def test_the_block_and_hole_are_read_from_the_frames_and_instruction_not_the_arm
     other[:, :cfg.proprio_dim] = torch.rand(n, cfg.proprio_dim)
     with torch.no_grad():
         est, moved = model.estimate(images, low), model.estimate(images, other)
-    # the block's position across near the gripper is the gripper's plus the wrist head's offset (version 7)
-    free = [i for i in bc_camera.FREE_FEATURES if i not in (6, 7)]
+    # the block's position across near the gripper is the gripper's plus the wrist head's offset (version 7), and
+    # a held block is where the gripper is and the hole near it is the block's plus a wrist offset (version 8)
+    free = [i for i in bc_camera.FREE_FEATURES if i not in (6, 7, 8, 13, 14)]
     gripper = list(bc_camera.GRIPPER_FEATURES)
     assert torch.equal(est[:, free], moved[:, free])
     assert not torch.allclose(est[:, gripper], moved[:, gripper])
@@ -330,10 +331,53 @@ def test_near_the_gripper_the_blocks_position_across_is_the_gripper_plus_the_wri
     with torch.no_grad():
         model.estimator[-1].weight.zero_()
         model.estimator[-1].bias.zero_()  # the estimator says its normalisation's mean: the block at scene_mean
+        model.scene_mean[bc_camera.GRASPED] = -10.0  # not held
         tcp = model.estimate(images, low)[0, 0:2]
         for place, near in ((tcp, True), (tcp + torch.tensor([0.0, 0.2]), False)):
             model.scene_mean[6:8] = place
             est, offset = model.estimate(images, low, with_offset=True)
-            expected = tcp + offset[0] if near else place
+            expected = tcp + offset[0, 0:2] if near else place
             assert torch.allclose(est[0, 6:8], expected, atol=1e-5), (near, est[0, 6:8], expected)
             assert torch.allclose(est[0, 16:18], est[0, 6:8] - tcp, atol=1e-6)
+
+
+def test_a_held_block_is_where_the_gripper_holds_it():
+    """Version 8: where the estimator says the block is held, its centre is the tcp's x, y plus the wrist head's
+    offset, and the knob's top below the tcp less the head's grasp depth; not held, the estimator's own place (a
+    frames-only estimate left a lifted block near the table)."""
+    cfg, model, images, low = _untrained(1)
+    with torch.no_grad():
+        model.estimator[-1].weight.zero_()
+        model.estimator[-1].bias.zero_()
+        tcp_xy = model.estimate(images, low)[0, 0:2]
+        # far from the gripper, on the table
+        model.scene_mean[6:9] = torch.cat([tcp_xy + torch.tensor([0.0, 0.2]), torch.tensor([0.02])])
+        for grasped, held in ((10.0, True), (-10.0, False)):
+            model.scene_mean[bc_camera.GRASPED] = grasped
+            est, offset = model.estimate(images, low, with_offset=True)
+            tcp = est[0, 0:3]
+            in_hand = torch.cat([tcp[0:2] + offset[0, 0:2],
+                                 tcp[2:3] - bc_camera.KNOB_TOP_ABOVE_CENTRE + offset[0, 2:3]])
+            expected = in_hand if held else model.scene_mean[6:9]
+            assert torch.allclose(est[0, 6:9], expected, atol=1e-5), (held, est[0, 6:9], expected)
+            assert torch.allclose(est[0, 16:19], est[0, 6:9] - tcp, atol=1e-6)
+
+
+def test_near_a_held_block_the_holes_position_across_is_the_blocks_plus_the_wrist_offset():
+    """Version 8: held, and where the estimator puts the hole within OFFSET_NEAR across of the block, the hole's
+    x, y are the block's plus the second wrist head's offset (read by the wrist camera over the board); farther,
+    or not held, the estimator's own."""
+    cfg, model, images, low = _untrained(1)
+    with torch.no_grad():
+        model.estimator[-1].weight.zero_()
+        model.estimator[-1].bias.zero_()
+        model.scene_mean[bc_camera.GRASPED] = 10.0
+        block = model.estimate(images, low)[0, 6:8]  # held: where the gripper is
+        for grasped, place, near in ((10.0, block, True), (10.0, block + torch.tensor([0.2, 0.0]), False),
+                                     (-10.0, block, False)):
+            model.scene_mean[bc_camera.GRASPED] = grasped
+            model.scene_mean[13:15] = place
+            est, heads = model.estimate(images, low, with_offset=True)
+            expected = est[0, 6:8] + heads[0, 3:5] if near else place
+            assert torch.allclose(est[0, 13:15], expected, atol=1e-5), (grasped, near, est[0, 13:15], expected)
+            assert torch.allclose(est[0, 19:21], est[0, 13:15] - est[0, 6:8], atol=1e-6)

@@ -50,7 +50,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.bc_camera import OFFSET_NEAR, OFFSET_SCALE, DEFAULT_WEIGHTS, BCCameraNetConfig, build, pool_frames, save
+from engines.bc_camera import (DEFAULT_WEIGHTS, GRASPED, KNOB_TOP_ABOVE_CENTRE, OFFSET_NEAR, OFFSET_SCALE,
+                               BCCameraNetConfig, build, pool_frames, save)
 from engines.bc_mlp import DEFAULT_WEIGHTS as BC_STATE_WEIGHTS
 from engines.bc_mlp import HISTORY_DIM, SCENE_DIM
 
@@ -313,7 +314,6 @@ ERRORS = (("block_minus_tcp", slice(16, 19), 1000.0, "mm"), ("hole_minus_block",
           ("tcp", slice(0, 3), 1000.0, "mm"), ("block", slice(6, 9), 1000.0, "mm"),
           ("yaw_err", slice(31, 32), 180 / np.pi, "deg"), ("tcp_tilt", slice(29, 31), 180 / np.pi, "deg"),
           ("grasped", slice(23, 24), 1.0, ""), ("grip_knob", slice(11, 13), 180 / np.pi, "deg"))
-GRASPED = 23  # the scene feature: 1 when both fingers hold the target block
 
 
 class _Loss:
@@ -463,11 +463,21 @@ def train(demos: Demos, recipe: Recipe, work: Path, policy: Path, show: bool = T
             est, offset = model.estimate({c: augment(frames[c][j], gen, recipe.shift) for c in frames}, low[j],
                                          with_offset=True)
             loss, _ = loss_fn(est, scene[j], low[j])
-            # the wrist head's offset, on the steps whose block is within OFFSET_NEAR across of the gripper
+            # the wrist heads: the block's offset across on the steps whose block is within OFFSET_NEAR across of
+            # the gripper, the grasp depth on the held steps
             true_offset = scene[j][:, 16:18]
             near = torch.linalg.vector_norm(true_offset, dim=-1) < OFFSET_NEAR
             if near.any():
-                loss = loss + (((offset[near] - true_offset[near]) / OFFSET_SCALE) ** 2).mean()
+                loss = loss + (((offset[near, 0:2] - true_offset[near]) / OFFSET_SCALE) ** 2).mean()
+            held = scene[j][:, GRASPED] > 0.5
+            if held.any():
+                depth = scene[j][held, 18] + KNOB_TOP_ABOVE_CENTRE
+                loss = loss + (((offset[held, 2] - depth) / OFFSET_SCALE) ** 2).mean()
+            # and its hole offset across from a held block, within OFFSET_NEAR of the hole
+            true_hole = scene[j][:, 19:21]
+            over = held & (torch.linalg.vector_norm(true_hole, dim=-1) < OFFSET_NEAR)
+            if over.any():
+                loss = loss + (((offset[over, 3:5] - true_hole[over]) / OFFSET_SCALE) ** 2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
