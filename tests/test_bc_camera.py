@@ -317,6 +317,10 @@ def test_the_diagnosis_reports_each_phase_of_a_recording(trained, recorded_demos
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["steps"] == sum(p["steps"] for p in report["phases"].values())
+    # the stages come from the true scene: both scripted tries (A01, F01) grasp their block
+    st = report["stages"]
+    assert st["tries"] == len((demos / "recording" / "tries.jsonl").read_text().splitlines()) == 2
+    assert st["grasped"] == 2 and st["grasped"] >= st["over_the_hole"] >= st["down_at_the_hole"] >= 0
     assert "grasped" in report["phases"] and "block_across" in report["phases"]["grasped"]["action_error_with_true"]
     missing = subprocess.run([sys.executable, "-m", "eval.training.diagnose_bc_camera", "--weights",
                               str(tmp_path / "none.safetensors"), "--datasets", str(demos)], cwd=REPO_ROOT,

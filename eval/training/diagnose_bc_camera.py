@@ -8,7 +8,8 @@ to its action on the truth.
 The recording keeps every step's true scene features (``observation.environment_state``), which the policy never
 saw. Phases of a step's truth: **far** (block not held, more than 30 mm across from the gripper), **hover** (within
 30 mm across, more than 40 mm below the gripper: where versions 3 to 5 stalled), **low** (within 30 mm, lower) and
-**grasped**. The action compared is bc-state's (the network's head) with the step's true action history, on the
+**grasped**. Beside them, how many tries grasp the block, carry it within 15 mm across of its hole and set it
+down there (their true scene says so). The action compared is bc-state's (the network's head) with the step's true action history, on the
 estimate and on the truth, both with the knob's angle to the fingers set "aligned": bc-state solves the dev tries
 with it so (docs/models.md), so a knob read wrong is not counted against the estimate.
 """
@@ -29,6 +30,9 @@ GROUPS = {"block_across": [6, 7, 16, 17], "block_height": [8, 18], "block_yaw": 
           "hole": [13, 14, 15, 19, 20, 21, 27, 28], "grasped": [GRASPED], "tilt": [22], "shape": [24, 25, 26]}
 KNOB = [11, 12]
 HOVER_XY, HOVER_DZ = 0.03, 0.04  # m
+# how far a try got, from its true scene: the block held; held within OVER_HOLE_XY across of its hole; and there
+# with its bottom within DOWN_DZ of the plate's top (set down on the plate, or in the hole)
+OVER_HOLE_XY, DOWN_DZ = 0.015, 0.005  # m
 
 
 def phases(scene: np.ndarray) -> np.ndarray:
@@ -36,6 +40,17 @@ def phases(scene: np.ndarray) -> np.ndarray:
     below = -scene[:, 18]
     held = scene[:, GRASPED] > 0.5
     return np.where(held, "grasped", np.where(across > HOVER_XY, "far", np.where(below > HOVER_DZ, "hover", "low")))
+
+
+def stages(scene: np.ndarray, tries: np.ndarray) -> dict:
+    """How many tries (``tries``: one id a step) reached each stage, from their true scene features."""
+    held = scene[:, GRASPED] > 0.5
+    over = held & (np.linalg.norm(scene[:, 19:21], axis=1) < OVER_HOLE_XY)
+    down = over & (scene[:, 21] > -DOWN_DZ)
+    ids = np.unique(tries)
+    return {"tries": int(len(ids)), **{name: int(sum(m[tries == t].any() for t in ids))
+                                       for name, m in (("grasped", held), ("over_the_hole", over),
+                                                       ("down_at_the_hole", down))}}
 
 
 def diagnose(weights: Path, roots: list[Path], cache: Path, show: bool = True) -> dict:
@@ -64,7 +79,8 @@ def diagnose(weights: Path, roots: list[Path], cache: Path, show: bool = True) -
         s[:, idx] = true[:, idx]
         made_true[name] = act(s)
     phase = phases(demos.scene)
-    out = {"weights": str(weights), "datasets": [str(r) for r in roots], "steps": int(len(low)), "phases": {}}
+    out = {"weights": str(weights), "datasets": [str(r) for r in roots], "steps": int(len(low)),
+           "stages": stages(demos.scene, demos.source.astype(np.int64) * 1_000_000 + demos.episode), "phases": {}}
     r = lambda v: round(float(v), 3)  # noqa: E731
     for name in ("far", "hover", "low", "grasped"):
         m = phase == name
@@ -99,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     except (TrainingInputError, BadCheckpointError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    st = report["stages"]
+    print(f"{st['tries']} tries: {st['grasped']} grasp the block, {st['over_the_hole']} hold it within "
+          f"{OVER_HOLE_XY * 1000:.0f} mm across of its hole, {st['down_at_the_hole']} of them with its bottom within "
+          f"{DOWN_DZ * 1000:.0f} mm of the plate's top")
     for name, ph in report["phases"].items():
         b = ph["block_across_mm"]
         made = ", ".join(f"{g} {v}" for g, v in ph["action_error_with_true"].items())
