@@ -23,9 +23,9 @@ The graph (``BCCameraNetConfig``; its FLOPs in ``flops_per_query`` of eval.train
   second small head on the wrist camera's features (version 7: the frames at 64 pixels place the block to
   about a centimetre, and over it bc-state needs a few millimetres); where the estimator says the block is held,
   the block is where the gripper holds it (the tcp less the knob's top, plus the head's grasp depth), and the hole
-  near it is the block's position plus a third wrist head's offset (version 8: version 7 left a lifted block near
-  the table and placed the hole 5 to 30 mm off); and the relations bc-state acts on (block
-  to gripper, hole to block) computed from those. Version 3's MLP estimated all 32 apart, from the raw joints, and
+  near it is the block's position plus the hole head's offset (wrist camera; version 8: version 7 left a lifted
+  block near the table and placed the hole 5 to 30 mm off); and the relations bc-state acts on (block to gripper,
+  hole to block) computed from those. Version 3's MLP estimated all 32 apart, from the raw joints, and
   closed loop put the block at the gripper when the gripper came over it 120 mm up (docs/models.md). The
   estimator is trained on a recording's ``observation.environment_state``, which the policy never observes
   (privileged supervision at training time only);
@@ -84,10 +84,11 @@ OFFSET_SCALE = 0.03  # m: the head's output unit
 # (its height 40 to 90 mm low on its own tries: docs/models.md); the demonstrations hold it 38.5 mm below the tcp
 # to within 1.5 mm
 HELD_SOFTNESS = 0.1  # of the estimated grasped feature (0 .. 1), about 0.5
-# and the hole near a held block: its position across is the block's plus a second wrist head's offset, where the
-# estimator puts it within OFFSET_NEAR across of the block (blended as the block's). Inserting needs the hole to
-# about the clearance (2 mm); the estimator's hole was 5 to 30 mm off on version 7's own tries (docs/models.md)
 KNOB_TOP_ABOVE_CENTRE = BLOCK_HEIGHT / 2 + KNOB_HEIGHT  # m
+# and the hole near a held block: its position across is the block's plus the hole head's offset (wrist camera),
+# where the estimator puts it within OFFSET_NEAR across of the block (blended as the block's). Inserting needs the
+# hole to about the clearance (2 mm); the estimator's hole was 5 to 30 mm off on version 7's own tries
+# (docs/models.md)
 
 
 @dataclass(frozen=True)
@@ -255,8 +256,8 @@ def build(config: BCCameraNetConfig):
             joints (forward kinematics), the block's and hole's from the frames, the relations between them
             computed from those (so an estimate is one consistent scene). Near the block its position across is
             the gripper's plus the wrist head's offset; held, the block is the gripper's position less the knob's
-            top plus the grasp's depth, and near a held block the hole's position across is the block's plus a
-            second wrist head's offset. ``with_offset``: (scene, the wrist heads' (N, 5) in m: the block's offset
+            top plus the grasp's depth, and near a held block the hole's position across is the block's plus the
+            hole head's offset. ``with_offset``: (scene, the wrist heads' (N, 5) in m: the block's offset
             across from the gripper, the grasp depth, the hole's offset across from the block), for their training
             loss."""
             proprio = low_dim[:, :config.proprio_dim]
@@ -276,10 +277,10 @@ def build(config: BCCameraNetConfig):
             far = e[:, 0:2]  # the estimator's block x, y
             near = torch.sigmoid((OFFSET_NEAR - torch.linalg.vector_norm(far - tcp[:, 0:2], dim=-1, keepdim=True))
                                  / OFFSET_SOFTNESS)
-            across = near * (tcp[:, 0:2] + offset[:, 0:2]) + (1 - near) * far
+            under = tcp[:, 0:2] + offset[:, 0:2]  # the block's x, y as the wrist camera places it
+            across = near * under + (1 - near) * far
             held = torch.sigmoid((col[GRASPED] - 0.5) / HELD_SOFTNESS)
-            in_hand = torch.cat([tcp[:, 0:2] + offset[:, 0:2],
-                                 tcp[:, 2:3] - KNOB_TOP_ABOVE_CENTRE + offset[:, 2:3]], -1)
+            in_hand = torch.cat([under, tcp[:, 2:3] - KNOB_TOP_ABOVE_CENTRE + offset[:, 2:3]], -1)
             block = held * in_hand + (1 - held) * torch.cat([across, col[8]], -1)
             col[6], col[7], col[8] = block[:, 0:1], block[:, 1:2], block[:, 2:3]
             hole_offset = self.hole_offset(feats["wrist"]) * OFFSET_SCALE

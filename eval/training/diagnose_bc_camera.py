@@ -9,9 +9,10 @@ The recording keeps every step's true scene features (``observation.environment_
 saw. Phases of a step's truth: **far** (block not held, more than 30 mm across from the gripper), **hover** (within
 30 mm across, more than 40 mm below the gripper: where versions 3 to 5 stalled), **low** (within 30 mm, lower) and
 **grasped**. Beside them, how many tries grasp the block, carry it within 15 mm across of its hole and set it
-down there (their true scene says so). The action compared is bc-state's (the network's head) with the step's true action history, on the
-estimate and on the truth, both with the knob's angle to the fingers set "aligned": bc-state solves the dev tries
-with it so (docs/models.md), so a knob read wrong is not counted against the estimate.
+down there (their true scene says so). The action compared is bc-state's (the network's head) with the step's
+true action history, on the estimate and on the truth, both with the knob's angle to the fingers set "aligned":
+bc-state solves the dev tries with it so (docs/models.md), so a knob read wrong is not counted against the
+estimate.
 """
 
 from __future__ import annotations
