@@ -24,8 +24,11 @@ The graph (``BCCameraNetConfig``; its FLOPs in ``flops_per_query`` of eval.train
   about a centimetre, and over it bc-state needs a few millimetres); where the estimator says the block is held,
   the block is where the gripper holds it (the tcp less the knob's top, plus the head's grasp depth), and the hole
   near it is the block's position plus the hole head's offset (wrist camera; version 8: version 7 left a lifted
-  block near the table and placed the hole 5 to 30 mm off); and the relations bc-state acts on (block to gripper,
-  hole to block) computed from those. Version 3's MLP estimated all 32 apart, from the raw joints, and
+  block near the table and placed the hole 5 to 30 mm off); the wrist heads read these offsets across along
+  the hand's axes, turned into the world's by the forward kinematics (version 9: the wrist camera turns with the
+  hand, its yaw spanning 80 degrees at the hover, and version 8's heads, reading the world's axes, were
+  uncorrelated with the truth on its own tries); and the relations bc-state acts on (block to gripper, hole to
+  block) computed from those. Version 3's MLP estimated all 32 apart, from the raw joints, and
   closed loop put the block at the gripper when the gripper came over it 120 mm up (docs/models.md). The
   estimator is trained on a recording's ``observation.environment_state``, which the policy never observes
   (privileged supervision at training time only);
@@ -56,7 +59,7 @@ from env.arms import get_arm
 from env.geometry import BLOCK_HEIGHT, KNOB_HEIGHT
 from env.instructions import all_instructions
 
-FORMAT = "shape-assembly-bench/bc-camera/8"
+FORMAT = "shape-assembly-bench/bc-camera/9"
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "bc_camera.safetensors"
 INPUT_NAMES = ("third_person", "wrist", "low_dim")
 ARM_JOINTS = 7  # of the proprioception: the Panda's arm joints, then its 2 fingers
@@ -237,7 +240,8 @@ def build(config: BCCameraNetConfig):
             # put the block aligned with it where the demonstrations always are (docs/models.md)
             self.knob = nn.Sequential(nn.Linear(features_of("wrist"), KNOB_HIDDEN), nn.GELU(),
                                       nn.Linear(KNOB_HIDDEN, 2))
-            # x, y: the block's offset across from the gripper; z: the grasp's depth on the knob when held
+            # x, y: the block's offset across from the gripper along the hand's axes; z: the grasp's depth on the
+            # knob when held
             self.offset = nn.Sequential(nn.Linear(features_of("wrist"), KNOB_HIDDEN), nn.GELU(),
                                         nn.Linear(KNOB_HIDDEN, 3))
             self.hole_offset = nn.Sequential(nn.Linear(features_of("wrist"), KNOB_HIDDEN), nn.GELU(),
@@ -258,10 +262,15 @@ def build(config: BCCameraNetConfig):
             the gripper's plus the wrist head's offset; held, the block is the gripper's position less the knob's
             top plus the grasp's depth, and near a held block the hole's position across is the block's plus the
             hole head's offset. ``with_offset``: (scene, the wrist heads' (N, 5) in m: the block's offset
-            across from the gripper, the grasp depth, the hole's offset across from the block), for their training
-            loss."""
+            across from the gripper, the grasp depth, the hole's offset across from the block; across in the
+            world's axes), for their training loss."""
             proprio = low_dim[:, :config.proprio_dim]
-            grip = self.gripper(proprio[:, :ARM_JOINTS], arm.gripper_opening(proprio[:, ARM_JOINTS:].mean(-1)))
+            tcp, rot = self.gripper.tcp_pose(proprio[:, :ARM_JOINTS])
+            grip = self.gripper.features(tcp, rot, arm.gripper_opening(proprio[:, ARM_JOINTS:].mean(-1)))
+
+            def to_world(across):
+                # (N, 2) along the hand's x and y axes -> the world's x, y: the wrist camera turns with the hand
+                return rot[:, 0:2, 0] * across[:, 0:1] + rot[:, 0:2, 1] * across[:, 1:2]
             mean, std = self.scene_mean, self.scene_std
             feats = {name: self.encoders[name]((images[name] - 0.5) * 4.0) for name, _ in config.cameras}
             instruction = (low_dim[:, config.proprio_dim:seen] - self.low_mean[config.proprio_dim:]) \
@@ -272,8 +281,8 @@ def build(config: BCCameraNetConfig):
             knob = self.knob(feats["wrist"]) * std[KNOB] + mean[KNOB]
             col = {i: e[:, j:j + 1] for j, i in enumerate(FREE_FEATURES)}
             col.update({i: grip[:, j:j + 1] for j, i in enumerate(GRIPPER_FEATURES)})
-            tcp = grip[:, 0:3]
             offset = self.offset(feats["wrist"]) * OFFSET_SCALE
+            offset = torch.cat([to_world(offset[:, 0:2]), offset[:, 2:3]], -1)
             far = e[:, 0:2]  # the estimator's block x, y
             near = torch.sigmoid((OFFSET_NEAR - torch.linalg.vector_norm(far - tcp[:, 0:2], dim=-1, keepdim=True))
                                  / OFFSET_SOFTNESS)
@@ -283,7 +292,7 @@ def build(config: BCCameraNetConfig):
             in_hand = torch.cat([under, tcp[:, 2:3] - KNOB_TOP_ABOVE_CENTRE + offset[:, 2:3]], -1)
             block = held * in_hand + (1 - held) * torch.cat([across, col[8]], -1)
             col[6], col[7], col[8] = block[:, 0:1], block[:, 1:2], block[:, 2:3]
-            hole_offset = self.hole_offset(feats["wrist"]) * OFFSET_SCALE
+            hole_offset = to_world(self.hole_offset(feats["wrist"]) * OFFSET_SCALE)
             hole = torch.cat([col[13], col[14]], -1)
             hole_near = held * torch.sigmoid((OFFSET_NEAR - torch.linalg.vector_norm(hole - block[:, 0:2], dim=-1,
                                                                                     keepdim=True)) / OFFSET_SOFTNESS)

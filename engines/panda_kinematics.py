@@ -82,7 +82,10 @@ def gripper_module(base_xyz: tuple[float, float, float]):
             return pose[:, :3, 3], pose[:, :3, :3]
 
         def forward(self, joints, opening):
-            p, rot = self.tcp_pose(joints)
+            return self.features(*self.tcp_pose(joints), opening)
+
+        def features(self, p, rot, opening):
+            """The scene features (N, 8) from the TCP's pose (:meth:`tcp_pose`) and the openings."""
             # the closing direction: the TCP's y axis in the world's xy plane (state_features: atan2(r11, r01))
             ux, uy = rot[:, 0, 1], rot[:, 1, 1]
             r2 = (ux * ux + uy * uy).clamp_min(1e-12)

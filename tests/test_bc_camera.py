@@ -385,3 +385,28 @@ def test_near_a_held_block_the_holes_position_across_is_the_blocks_plus_the_wris
             expected = est[0, 6:8] + heads[0, 3:5] if near else place
             assert torch.allclose(est[0, 13:15], expected, atol=1e-5), (grasped, near, est[0, 13:15], expected)
             assert torch.allclose(est[0, 19:21], est[0, 13:15] - est[0, 6:8], atol=1e-6)
+
+
+def test_the_wrist_heads_offsets_across_turn_with_the_hand():
+    """Version 9: the wrist camera turns with the hand, so its heads read offsets across along the hand's axes, and
+    the forward kinematics turns them into the world's. The same frames with the hand turned about its (vertical)
+    axis give the same offsets turned by as much, the grasp depth unchanged; version 8 read them in the world's
+    axes, which the frames alone do not show (its hover offset was uncorrelated with the truth on its own tries)."""
+    from env.arms import get_arm
+
+    cfg, model, images, low = _untrained(1)
+    rest = torch.tensor(get_arm("panda").rest_qpos, dtype=torch.float32)
+    low[0, :cfg.proprio_dim] = rest
+    turned = low.clone()
+    turned[0, 6] += 0.5  # the last arm joint turns the hand about its axis, pointing down at rest
+    with torch.no_grad():
+        heads = [model.estimate(images, x, with_offset=True)[1][0] for x in (low, turned)]
+        _, rot = model.gripper.tcp_pose(torch.stack([low[0, :7], turned[0, :7]]))
+    assert torch.allclose(rot[:, 2, 2], torch.tensor(-1.0), atol=1e-6)  # pointing straight down: a turn about z
+    turn = torch.atan2(rot[1, 1, 0], rot[1, 0, 0]) - torch.atan2(rot[0, 1, 0], rot[0, 0, 0])
+    assert abs(abs(float(turn)) - 0.5) < 1e-5
+    c, s = torch.cos(turn), torch.sin(torch.as_tensor(turn))
+    for a, b in ((0, 2), (3, 5)):  # the block's offset from the gripper, the hole's from the block
+        x, y = heads[0][a:b]
+        assert torch.allclose(heads[1][a:b], torch.stack([c * x - s * y, s * x + c * y]), atol=1e-6)
+    assert torch.equal(heads[0][2], heads[1][2])
