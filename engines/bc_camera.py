@@ -27,9 +27,12 @@ The graph (``BCCameraNetConfig``; its FLOPs in ``flops_per_query`` of eval.train
   block near the table and placed the hole 5 to 30 mm off); the wrist heads read these offsets across along
   the hand's axes, turned into the world's by the forward kinematics (version 9: the wrist camera turns with the
   hand, its yaw spanning 80 degrees at the hover, and version 8's heads, reading the world's axes, were
-  uncorrelated with the truth on its own tries); and the relations bc-state acts on (block to gripper, hole to
-  block) computed from those. Version 3's MLP estimated all 32 apart, from the raw joints, and
-  closed loop put the block at the gripper when the gripper came over it 120 mm up (docs/models.md). The
+  uncorrelated with the truth on its own tries); a held block's yaw to its hole composed from the board's yaw
+  (the estimator's), the closing angle (forward kinematics) and the block's turn in the fingers (the knob head's
+  for the square, a triangle head's; version 10: version 8's estimator (docs/models.md's v10), reading it from
+  the frames at once, was 31 degrees off for a held square on its own tries); and the relations bc-state acts
+  on (block to gripper, hole to block) computed from those. Version 3's MLP estimated all 32 apart, from the raw
+  joints, and closed loop put the block at the gripper when the gripper came over it 120 mm up (docs/models.md). The
   estimator is trained on a recording's ``observation.environment_state``, which the policy never observes
   (privileged supervision at training time only);
 - the **policy head**: bc-state's MLP (engines.bc_mlp, its weights copied in and frozen) on the estimate and the
@@ -40,7 +43,7 @@ The output keeps the runners' chunk axis: actions (N, 1, 7). Weights, the normal
 (the head's too) live in one safetensors file; a file that does not match the code fails in one line naming
 what differs. Version 1 (an MLP from the keypoints straight to a chunk of actions) failed every dev try; version 2
 (keypoints only) never estimated the block's yaw; version 3 (the grid, every feature estimated) failed every dev
-try, and so did versions 4 to 7 (docs/models.md).
+try, and so did versions 4 to 9 (docs/models.md).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from env.arms import get_arm
 from env.geometry import BLOCK_HEIGHT, KNOB_HEIGHT
 from env.instructions import all_instructions
 
-FORMAT = "shape-assembly-bench/bc-camera/9"
+FORMAT = "shape-assembly-bench/bc-camera/10"
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "bc_camera.safetensors"
 INPUT_NAMES = ("third_person", "wrist", "low_dim")
 ARM_JOINTS = 7  # of the proprioception: the Panda's arm joints, then its 2 fingers
@@ -92,6 +95,15 @@ KNOB_TOP_ABOVE_CENTRE = BLOCK_HEIGHT / 2 + KNOB_HEIGHT  # m
 # where the estimator puts it within OFFSET_NEAR across of the block (blended as the block's). Inserting needs the
 # hole to about the clearance (2 mm); the estimator's hole was 5 to 30 mm off on version 7's own tries
 # (docs/models.md)
+# and the held block's yaw to its hole (version 10): n x (hole yaw - block yaw) = n x the board's yaw (the
+# estimator's, from the third-person camera: within a degree on the own tries of docs/models.md's v10, version 8)
+# - n x the closing angle (forward kinematics) + n x the block's turn in the fingers (wrist camera: the knob head's
+# for the square, n = 4; the triangle head's, n = 3). That v10's estimator, reading it from the frames at once, was
+# 31 degrees off for a held square on its own tries; composed so, with its own knob head, 3 degrees
+SHAPE_ONE_HOT = (24, 25, 26)  # circle, square, triangle (env.instructions.SHAPES)
+BLOCK_HOLE_YAW = [9, 10]  # cos, sin of n x (hole yaw - block yaw)
+HOLE_YAW = [27, 28]  # cos, sin of the board's yaw
+YAW_ERR = 31  # the block's yaw to the hole, rad, modulo the shape's symmetry
 
 
 @dataclass(frozen=True)
@@ -207,6 +219,39 @@ def encoder_features(config: BCCameraNetConfig, side: int) -> int:
     return 2 * config.keypoints + config.grid_channels * (side // 8) ** 2
 
 
+def unit(v):
+    """(N, 2) -> the same directions, of length 1 (a complex number's phase)."""
+    import torch
+
+    return v / torch.linalg.vector_norm(v, dim=-1, keepdim=True).clamp_min(1e-6)
+
+
+def times(a, b):
+    """The complex product of (N, 2) (real, imaginary) rows: their angles add."""
+    import torch
+
+    return torch.stack([a[:, 0] * b[:, 0] - a[:, 1] * b[:, 1], a[:, 0] * b[:, 1] + a[:, 1] * b[:, 0]], -1)
+
+
+def conjugate(a):
+    return a * a.new_tensor([1.0, -1.0])
+
+
+def power(a, n: int):
+    out = a
+    for _ in range(n - 1):
+        out = times(out, a)
+    return out
+
+
+def angle(a):
+    """(N, 2) unit rows -> their angles (N, 1) in (-pi, pi]: atan2 by its half-angle form (ONNX has Atan, not
+    Atan2), as engines.panda_kinematics."""
+    import torch
+
+    return 2 * torch.atan(a[:, 1:2] / (1 + a[:, 0:1]).clamp_min(1e-6))
+
+
 def build(config: BCCameraNetConfig):
     import torch
     from torch import nn
@@ -246,6 +291,10 @@ def build(config: BCCameraNetConfig):
                                         nn.Linear(KNOB_HIDDEN, 3))
             self.hole_offset = nn.Sequential(nn.Linear(features_of("wrist"), KNOB_HIDDEN), nn.GELU(),
                                              nn.Linear(KNOB_HIDDEN, 2))
+            # cos, sin of 3 x (closing angle - block yaw): a held triangle's turn in the fingers, which the knob's
+            # quarter-turn symmetry does not say
+            self.triangle_turn = nn.Sequential(nn.Linear(features_of("wrist"), KNOB_HIDDEN), nn.GELU(),
+                                               nn.Linear(KNOB_HIDDEN, 2))
             self.register_buffer("low_mean", torch.zeros(seen))
             self.register_buffer("low_std", torch.ones(seen))
             self.register_buffer("scene_mean", torch.zeros(SCENE_DIM))
@@ -299,6 +348,17 @@ def build(config: BCCameraNetConfig):
             hole = hole_near * (block[:, 0:2] + hole_offset) + (1 - hole_near) * hole
             col[13], col[14] = hole[:, 0:1], hole[:, 1:2]
             col[11], col[12] = knob[:, 0:1], knob[:, 1:2]
+            # held: the block's yaw to the hole composed from the board's yaw, the closing angle and the block's
+            # turn in the fingers (n x each, as complex numbers); the circle's is (1, 0) and 0
+            board, closing = unit(torch.cat([col[27], col[28]], -1)), unit(rot[:, 0:2, 1])
+            composed = col[24] * torch.cat([torch.ones_like(col[24]), torch.zeros_like(col[24])], -1)
+            yaw_err = torch.zeros_like(col[24])
+            for n, shape, turn in ((4, col[25], knob), (3, col[26], self.triangle_turn(feats["wrist"]))):
+                cs = times(times(power(board, n), conjugate(power(closing, n))), unit(turn))
+                composed = composed + shape * cs
+                yaw_err = yaw_err + shape * angle(cs) / n
+            for i, value in ((9, composed[:, 0:1]), (10, composed[:, 1:2]), (YAW_ERR, yaw_err)):
+                col[i] = held * value + (1 - held) * col[i]
             for j in range(3):
                 col[16 + j] = block[:, j:j + 1] - tcp[:, j:j + 1]
             col[19], col[20] = col[13] - col[6], col[14] - col[7]
