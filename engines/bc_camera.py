@@ -252,6 +252,16 @@ def angle(a):
     return 2 * torch.atan(a[:, 1:2] / (1 + a[:, 0:1]).clamp_min(1e-6))
 
 
+def triangle_turn_truth(rot, scene):
+    """cos, sin of 3 x (closing angle - block yaw), the triangle head's target, from the TCP's rotation (N, 3, 3)
+    and true scene features: the closing angle's turn less the board's plus the block's yaw to the hole (3 x each,
+    features 9-10 being 3 x (hole yaw - block yaw) for a triangle)."""
+    import torch
+
+    closing, board = unit(rot[:, 0:2, 1]), unit(scene[:, HOLE_YAW])
+    return times(times(power(closing, 3), conjugate(power(board, 3))), unit(scene[:, BLOCK_HOLE_YAW]))
+
+
 def build(config: BCCameraNetConfig):
     import torch
     from torch import nn
@@ -310,9 +320,9 @@ def build(config: BCCameraNetConfig):
             computed from those (so an estimate is one consistent scene). Near the block its position across is
             the gripper's plus the wrist head's offset; held, the block is the gripper's position less the knob's
             top plus the grasp's depth, and near a held block the hole's position across is the block's plus the
-            hole head's offset. ``with_offset``: (scene, the wrist heads' (N, 5) in m: the block's offset
-            across from the gripper, the grasp depth, the hole's offset across from the block; across in the
-            world's axes), for their training loss."""
+            hole head's offset. ``with_offset``: (scene, the wrist heads' (N, 7): the block's offset across from
+            the gripper, the grasp depth, the hole's offset across from the block (m; across in the world's
+            axes), and the triangle's turn in the fingers (cos, sin)), for their training losses."""
             proprio = low_dim[:, :config.proprio_dim]
             tcp, rot = self.gripper.tcp_pose(proprio[:, :ARM_JOINTS])
             grip = self.gripper.features(tcp, rot, arm.gripper_opening(proprio[:, ARM_JOINTS:].mean(-1)))
@@ -353,7 +363,8 @@ def build(config: BCCameraNetConfig):
             board, closing = unit(torch.cat([col[27], col[28]], -1)), unit(rot[:, 0:2, 1])
             composed = col[24] * torch.cat([torch.ones_like(col[24]), torch.zeros_like(col[24])], -1)
             yaw_err = torch.zeros_like(col[24])
-            for n, shape, turn in ((4, col[25], knob), (3, col[26], self.triangle_turn(feats["wrist"]))):
+            triangle_turn = unit(self.triangle_turn(feats["wrist"]))
+            for n, shape, turn in ((4, col[25], knob), (3, col[26], triangle_turn)):
                 cs = times(times(power(board, n), conjugate(power(closing, n))), unit(turn))
                 composed = composed + shape * cs
                 yaw_err = yaw_err + shape * angle(cs) / n
@@ -364,7 +375,7 @@ def build(config: BCCameraNetConfig):
             col[19], col[20] = col[13] - col[6], col[14] - col[7]
             col[21] = col[15] - (col[8] - BLOCK_HEIGHT / 2)
             scene = torch.cat([col[i] for i in range(SCENE_DIM)], -1)
-            return (scene, torch.cat([offset, hole_offset], -1)) if with_offset else scene
+            return (scene, torch.cat([offset, hole_offset, triangle_turn], -1)) if with_offset else scene
 
         def act(self, scene, low_dim):
             """The policy head's actions (N, 7) on scene features and the action history (``low_dim``'s last 8)."""

@@ -445,3 +445,18 @@ def test_a_held_blocks_yaw_to_the_hole_is_composed_from_the_board_the_fingers_an
             expected = [np.cos(yaw), np.sin(yaw), wrapped / n] if held else [0.5, 0.5, 0.2]
             got = est[bc_camera.BLOCK_HOLE_YAW + [bc_camera.YAW_ERR]]
             assert torch.allclose(got, torch.tensor(expected, dtype=torch.float32), atol=1e-5), (held, got, expected)
+
+
+def test_the_triangle_heads_target_is_its_turn_in_the_fingers():
+    """triangle_turn_truth: from the TCP's rotation and the true scene features (the board's yaw, the block's yaw
+    to the hole as 3 x their difference) -> cos, sin of 3 x (closing angle - block yaw)."""
+    closing, block, hole = 0.4, -0.9, 1.3
+    rot = torch.zeros(1, 3, 3)
+    rot[0, 0, 1], rot[0, 1, 1] = float(np.cos(closing)), float(np.sin(closing))  # the TCP's y axis: closing
+    scene = torch.zeros(1, 32)
+    scene[0, bc_camera.HOLE_YAW] = torch.tensor([np.cos(hole), np.sin(hole)], dtype=torch.float32)
+    scene[0, bc_camera.BLOCK_HOLE_YAW] = torch.tensor([np.cos(3 * (hole - block)), np.sin(3 * (hole - block))],
+                                                      dtype=torch.float32)
+    got = bc_camera.triangle_turn_truth(rot, scene)[0]
+    want = torch.tensor([np.cos(3 * (closing - block)), np.sin(3 * (closing - block))], dtype=torch.float32)
+    assert torch.allclose(got, want, atol=1e-5), (got, want)
