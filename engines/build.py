@@ -16,7 +16,7 @@ the graphs as ONNX Runtime loads them and the T5 embeddings of every instruction
 a run on ONNX Runtime or TensorRT needs neither the checkpoint nor JAX). bc-state and bc-camera are exported
 from their weights files (``engines/weights/``, :data:`WEIGHTS_FILE_MODELS`); the entry names the file and its
 sha256. A missing file stops a build whose ``--models`` names the model, in one line with the command that trains
-it; the default list (every model) lists it as skipped with that line (bc-camera until its weights ship).
+it; the default list (every model) lists such a model as skipped with that line.
 Octo (octo-small, octo-base) is exported from its released weights (:mod:`engines.hub`: the Hugging Face
 cache, or downloaded into it), or from the folder given (--checkpoint-octo-small DIR), and the table names the
 repo and commit they came from. When they cannot be had the build
@@ -504,7 +504,7 @@ def _build(argv=None) -> int:
         print("error: --out is empty; name the engines folder (default build/engines)", file=sys.stderr)
         return 2
     # a weights-file model without its file: asked for by name, the build stops before anything is built; in the
-    # default list (bc-camera until its weights ship) its row says skipped, why, and the command that trains them
+    # default list its row says skipped, why, and the command that trains them
     unweighted = {m: why for m in models if m in WEIGHTS_FILE_MODELS and (why := missing_weights(m))}
     if named and unweighted:
         print(f"error: {next(iter(unweighted.values()))}", file=sys.stderr)

@@ -460,3 +460,12 @@ def test_the_triangle_heads_target_is_its_turn_in_the_fingers():
     got = bc_camera.triangle_turn_truth(rot, scene)[0]
     want = torch.tensor([np.cos(3 * (closing - block)), np.sin(3 * (closing - block))], dtype=torch.float32)
     assert torch.allclose(got, want, atol=1e-5), (got, want)
+
+
+def test_committed_results_name_the_shipped_weights():
+    """results/bc_camera_test is of the weights that ship: retraining them means rerunning it."""
+    from engines.onnx_utils import sha256_file
+
+    run = json.loads((REPO_ROOT / "results" / "bc_camera_test" / "run.json").read_text())
+    assert run["model"] == "bc-camera" and run["split"] == "test"
+    assert run["weights_sha256"] == sha256_file(bc_camera.DEFAULT_WEIGHTS)

@@ -185,7 +185,7 @@ def test_build_exports_bc_state_and_skips_tensorrt_with_the_reason(tmp_path, cap
 
 
 def _bc_camera_weights(path: Path, seed: int = 0) -> Path:
-    """A bc-camera weights file of seeded random weights of the current architecture (the trained file ships later)."""
+    """A bc-camera weights file of seeded random weights of the current architecture (not the trained one)."""
     import torch
 
     from engines import bc_camera

@@ -4,7 +4,7 @@ foreign file is one line naming it and the command that rebuilds it.
 
 One folder is built for the module (octo-small with seeded random weights, and bc-state), by the real
 `python -m engines.build` argv; tests that change a file work on a copy whose unchanged files are links to it.
-bc-camera's tests build folders of their own, from a seeded random weights file (its trained one ships later).
+bc-camera's tests build folders of their own, from a seeded random weights file (not the trained one).
 """
 
 from __future__ import annotations

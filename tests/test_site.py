@@ -123,7 +123,7 @@ def test_committed_runs_each_in_the_section_of_what_it_is():
     runs, _ = load_runs([RESULTS])
     where = {r.label: r.status["section"] for r in runs}
     assert {k for k, v in where.items() if v == "comparison"} == {"scripted_test", "bc_state_test", "hold_test",
-                                                                   "random_test"}
+                                                                   "random_test", "bc_camera_test"}
     assert where["bc_state_dagger/test"] == "variant"  # DAgger weights: not the track's recipe
     assert where["scripted_xarm6_test"] == where["scripted_widowx_test"] == "other_arm"
     assert where["orin_cpu/bc_state"] == where["orin_cpu/bc_state_scenes4"] == "example"  # dev split, a few tries
