@@ -364,8 +364,8 @@ def build(config: BCCameraNetConfig):
             composed = col[24] * torch.cat([torch.ones_like(col[24]), torch.zeros_like(col[24])], -1)
             yaw_err = torch.zeros_like(col[24])
             triangle_turn = unit(self.triangle_turn(feats["wrist"]))
-            for n, shape, turn in ((4, col[25], knob), (3, col[26], triangle_turn)):
-                cs = times(times(power(board, n), conjugate(power(closing, n))), unit(turn))
+            for n, shape, turn in ((4, col[25], unit(knob)), (3, col[26], triangle_turn)):
+                cs = times(times(power(board, n), conjugate(power(closing, n))), turn)
                 composed = composed + shape * cs
                 yaw_err = yaw_err + shape * angle(cs) / n
             for i, value in ((9, composed[:, 0:1]), (10, composed[:, 1:2]), (YAW_ERR, yaw_err)):

@@ -34,7 +34,7 @@ Beside each fp32 graph it builds the INT8 Q/DQ graph ONNX Runtime runs as ``--pr
 tries (``build/octo_queries/``: recorded by :mod:`engines.calibration` when missing or recorded from other
 inputs: model, tries, task list, appearance), and keyed by the weights' digest and the calibration's sha256
 (rebuilt only when either changes). A model whose INT8 is refused (:data:`engines.quantize.INT8_REFUSED`:
-bc-state's measured, bc-camera's not measured yet) gets neither the Q/DQ graph nor a TensorRT int8 engine; their
+both measured: bc-state and bc-camera) gets neither the Q/DQ graph nor a TensorRT int8 engine; their
 rows say skipped, with the reason. BF16 is listed as skipped with the reason (ONNX Runtime's CPU provider has no
 bfloat16 kernels).
 

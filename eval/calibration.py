@@ -198,6 +198,19 @@ def record_bc_states(tries, quick: bool = False, progress: bool = True) -> dict[
     return {"state": arrays["state"].astype(np.float32), "setup": arrays["setup"], "try_index": arrays["try_index"]}
 
 
+def record_bc_camera_queries(tries, quick: bool = False, progress: bool = True) -> dict[str, np.ndarray]:
+    """The feeds (both cameras' frames, joints, instruction, action history) bc-camera (its shipped weights, fp32
+    on ONNX Runtime) gives its graph on ``tries`` of the dev split, stacked, with its fp32 actions."""
+    from eval.request import make_policy
+
+    policy = make_policy("bc-camera", backend="ort")
+    rec = _Recording(policy.runner)
+    policy.runner = rec
+    arrays = _recorded_tries(tries, lambda setup: policy, rec, quick, progress, model="bc-camera")
+    arrays["actions"] = arrays.pop("jax_actions")  # what _Recording names every model's outputs
+    return arrays
+
+
 def main(argv=None) -> int:
     """Record ``--model``'s calibration queries on its calibration tries into ``--out`` (and its sidecar)."""
     from engines import quantize

@@ -10,7 +10,10 @@ action has arrived the arm holds still with the last gripper command. So a CPU
 machine shows what a model's Orin latency would do to its success.
 
 A profile is a ``tries.jsonl`` (every try's ``infer_ms``), a ``summary.json`` of
-such a run is not enough (it keeps percentiles only), or a JSON list of ms.
+such a run is not enough (it keeps percentiles only), a JSON list of ms, or
+``published:LABEL``: the ms/query the benchmark publishes for LABEL on the Orin
+(docs/BENCHMARK.md section 8, e.g. ``published:octo-small-1.5``, 327.8 ms), as
+one constant latency.
 """
 
 from __future__ import annotations
@@ -29,8 +32,25 @@ CONTROL_PERIOD_MS = CONTROL_DT_S * 1e3
 REPLAY_SEED_OFFSET = 104_729  # the latency draws of a try differ from its other random streams
 
 
+PUBLISHED_PREFIX = "published:"  # --replay-latency published:LABEL: the spec's own Orin ms/query for LABEL
+
+
 class LatencyProfileError(ValueError):
     """A latency profile that cannot be replayed (one line)."""
+
+
+def is_published(profile: str | Path) -> bool:
+    return isinstance(profile, str) and profile.startswith(PUBLISHED_PREFIX)
+
+
+def published_profile(profile: str, published: Mapping[str, float]) -> np.ndarray:
+    """``published:LABEL`` as a profile of one latency, from ``published`` (label -> ms per query: the spec's
+    section 8, :func:`eval.site.published.orin_ms_per_query`, which the command line reads once)."""
+    label = profile[len(PUBLISHED_PREFIX):]
+    if label not in published:
+        raise LatencyProfileError(f"latency profile {profile}: the spec (docs/BENCHMARK.md section 8) publishes no "
+                                  f"ms/query of {label!r}; it does of: {', '.join(published)}")
+    return np.asarray([published[label]], dtype=float)
 
 
 def load_profile(path: str | Path) -> np.ndarray:
@@ -84,10 +104,13 @@ class ReplayLatencyPolicy(Policy):
         self.name, self.track, self.observes = inner.name, inner.track, inner.observes
         self.backend = getattr(inner, "backend", "python")
         self.note = getattr(inner, "note", None)
-        self.reset("")
+        self._restart(None)  # the inner policy is reset by the loop with the try's instruction, never with none here
 
     def reset(self, instruction: str, seed: int | None = None) -> None:
         self.inner.reset(instruction, seed=seed)
+        self._restart(seed)
+
+    def _restart(self, seed: int | None) -> None:
         self.rng = np.random.default_rng(None if seed is None else seed + REPLAY_SEED_OFFSET)
         self.step = 0
         self.pending: list[tuple[int, np.ndarray]] = []  # (step it reaches the arm, action)

@@ -4,6 +4,7 @@
     python -m eval.record --model bc-state --setups all --tries 20 --out data/bc_state_all --workers 2
     python -m eval.record --setups A01 --tries 5 --out data/a01 --push-to-hub USER/shape-assembly-a01
     python -m eval.record --setups A01,B01 --tries 10 --noise 0.1 --out data/dart_a01_b01   # the reference, perturbed
+    python -m eval.record --model bc-camera --tries 2 --first-try 20 --out data/dagger_20   # starts 20 and 21
 
 Every try runs as eval.run runs it (the same episode loop, workers, watchdog,
 task list and success predicate) with both cameras rendered at every step, and
@@ -44,7 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default=RECORD_SPLIT, help="train (the only split recorded: the others never feed "
                    "training)")
     p.add_argument("--setups", default="all", help="ids, group letters (A..G), FB or all, comma-separated (default all)")
-    p.add_argument("--tries", type=int, default=10, help="tries per setup: the first N of the train task list")
+    p.add_argument("--tries", type=int, default=10, help="tries per setup: the first N of the train task list, or N "
+                   "from --first-try")
+    p.add_argument("--first-try", type=int, default=0, metavar="K",
+                   help="record tries K .. K+N-1 of each setup (default 0): starts another recording has not seen, "
+                        "e.g. for a policy's own tries in a DAgger round")
     p.add_argument("--arm", default="panda", help=f"one of: {', '.join(ARMS)}")
     p.add_argument("--workers", type=int, default=1, help="worker processes, each with its own scene")
     p.add_argument("--step-timeout", type=float, default=None,
@@ -192,7 +197,8 @@ def check_same_recording(out: Path, args: argparse.Namespace) -> None:
         made["noise"] = (made.get("options") or {}).get("noise", 0.0)
         asked = {"model": args.model, "noise": args.noise or 0.0, "arm": args.arm,
                  "setups": list(resolve_setups(args.setups)), "tries_per_setup": args.tries,
-                 "max_steps": args.max_steps}
+                 "first_try": args.first_try, "max_steps": args.max_steps}
+        made.setdefault("first_try", 0)  # recordings made before --first-try: their tries are the first N
         differ = [k for k, v in asked.items() if made.get(k) != v]
     except (OSError, ValueError, AttributeError) as e:  # AttributeError: JSON that is not an object
         raise ValueError(f"{out} holds a finished dataset whose meta/recording.json cannot be read "
@@ -235,7 +241,7 @@ def assemble(out: Path, request) -> dict:
     staged = recording / "episodes"
     sources, left_out = [], []
     for setup in request.setups:
-        for t in range(request.tries):
+        for t in range(request.first_try, request.first_try + request.tries):
             r = records[(setup.id, t)]
             folder = staged / episode_name(setup.id, t)
             if set(r.get("flags", ())) & set(UNFINISHED_FLAGS):
@@ -249,8 +255,9 @@ def assemble(out: Path, request) -> dict:
         print(f"left out of the dataset (did not finish): {', '.join(left_out)}", file=sys.stderr)
     meta = {"format": "shape-assembly-bench/recording/1", "model": request.model.name, "track": request.track,
             "options": request.options(), "split": request.split, "arm": request.arm,
-            "setups": [s.id for s in request.setups], "tries_per_setup": request.tries, "max_steps": request.max_steps,
-            "tasklist_sha256": records[(request.setups[0].id, 0)].get("tasklist_sha256"),
+            "setups": [s.id for s in request.setups], "tries_per_setup": request.tries,
+            "first_try": request.first_try, "max_steps": request.max_steps,
+            "tasklist_sha256": records[(request.setups[0].id, request.first_try)].get("tasklist_sha256"),
             "appearance": APPEARANCE_VERSION, "left_out": left_out}
     with tqdm(total=len(sources), unit="episode", desc="dataset") as bar:
         info = write_dataset(out, sources, meta, robot_type=request.arm, progress=bar.update)

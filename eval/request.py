@@ -643,7 +643,9 @@ class RunRequest:
     arm: str = "panda"
     sim: str = "cpu"
     num_envs: int = 1
-    replay_latency: str | None = None  # a measured latency profile (absolute path) every action is delayed by
+    first_try: int = 0  # the tries run are first_try .. first_try + tries - 1 of each setup (eval.record --first-try)
+    replay_latency: str | None = None  # a latency profile every action is delayed by: its absolute path, or published:LABEL
+    replay_ms: tuple[float, ...] | None = None  # its latencies, read once by the command line (eval.latency_replay)
     max_steps: int | None = None  # a smoke run: every try cut at this many control steps (None: the setup's own)
     record: bool = False  # every try's frames, joint positions and actions staged as a dataset episode (eval.record)
 
@@ -651,12 +653,18 @@ class RunRequest:
         # checked here, once, before any scene is built: a worker builds num_envs scenes whatever it is given
         if self.tries < 1:
             raise ValueError(f"--tries must be at least 1, got {self.tries}")
+        if isinstance(self.first_try, bool) or not isinstance(self.first_try, int) or self.first_try < 0:
+            raise ValueError(f"--first-try must be 0 or more (a try index of the task list), got {self.first_try}")
         if self.num_envs < 1:
             raise ValueError(f"--num-envs must be at least 1, got {self.num_envs}")
         if self.num_envs > self.tries:  # a batch holds tries of one setup: scenes beyond --tries never run a try
             raise ValueError(f"--num-envs {self.num_envs} is more than the {self.tries} tries per setup this run "
                              f"asks for (a batch holds tries of one setup): the largest useful value is "
                              f"--num-envs {self.tries}")
+        if (self.replay_latency is None) != (self.replay_ms is None) or (self.replay_ms is not None
+                                                                          and not self.replay_ms):
+            raise ValueError("a replayed latency needs both its profile's name (replay_latency) and its latencies "
+                             "(replay_ms)")
         if self.max_steps is not None and (isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int)
                                            or self.max_steps < 1):
             raise ValueError(f"--max-steps must be at least 1 (control steps per try), got {self.max_steps}")
@@ -706,9 +714,11 @@ class RunRequest:
         """A policy for one scene of ``setup``, with the run options applied around it."""
         policy = self.model.policy(setup=setup, arm=self.arm, **build)
         if self.replay_latency:
-            from eval.latency_replay import ReplayLatencyPolicy, load_profile
+            import numpy as np
 
-            policy = ReplayLatencyPolicy(policy, load_profile(self.replay_latency))
+            from eval.latency_replay import ReplayLatencyPolicy
+
+            policy = ReplayLatencyPolicy(policy, np.asarray(self.replay_ms, dtype=float))
         return policy
 
     def to_json(self) -> dict[str, Any]:
@@ -717,6 +727,8 @@ class RunRequest:
                "backend": self.model.backend, "backend_reason": self.model.runtime_reason,
                "setups": [s.id for s in self.setups], "split": self.split, "tries": self.tries, "arm": self.arm,
                "sim": self.sim, "num_envs": self.num_envs}
+        if self.first_try:  # tries other than the first N: older run.jsons, which never had any, stay as they were
+            out["first_try"] = self.first_try
         if self.model.precision is not None:
             out["precision"] = self.model.precision
         if self.model.config.profile_name:

@@ -62,13 +62,17 @@ def build_parser(prog: str = "python -m eval.run", description: str | None = Non
                    help="GPUs each Ray actor declares, e.g. 1 or 0.5, for GPU policies (ray only; default 0)")
     add_model_arguments(p)
     p.add_argument("--replay-latency", metavar="FILE", help="any model: delay every action by a latency drawn from "
-                   "a measured profile (a tries.jsonl with infer_ms): what a device's latency does to success")
+                   "a measured profile (a tries.jsonl with infer_ms, or a JSON list of ms), or by published:LABEL, "
+                   "the spec's Orin ms/query of LABEL (e.g. published:octo-small-1.5): what a device's latency does "
+                   "to success")
     p.add_argument("--max-steps", type=int, metavar="N",
                    help="a smoke run: cut every try at N control steps (the setups' own: 300, full board 900). Its "
                         "records, report and results page say so; success is meaningless and it is never ranked")
     p.add_argument("--out", required=out_default is None,
                    help="output folder" + (f" (default: {out_default})" if out_default else ""))
     p.add_argument("--fresh", action="store_true", help="discard what OUT holds and start over")
+    # an evaluation runs each setup's first N tries; eval.record alone takes others (--first-try), through this
+    p.set_defaults(first_try=0)
     return p
 
 
@@ -135,15 +139,24 @@ def request_from_args(args: argparse.Namespace, device_default: bool = False,
 
         require_ray()  # before any work: one line naming the extra when ray is missing
     check_assets(arm)
-    replay = None
+    replay = replay_ms = None
     if args.replay_latency:
-        from eval.latency_replay import load_profile
+        from eval.latency_replay import is_published, load_profile, published_profile
 
-        load_profile(args.replay_latency)  # a bad profile fails here in one line, not in every worker
-        replay = str(Path(args.replay_latency).resolve())
+        # read once, here: a bad profile fails in one line before any scene, and every worker replays the same
+        if is_published(args.replay_latency):
+            from eval.site.published import orin_ms_per_query
+
+            replay = args.replay_latency
+            replay_ms = published_profile(replay, orin_ms_per_query())
+        else:
+            replay = str(Path(args.replay_latency).resolve())
+            replay_ms = load_profile(replay)
     model = ResolvedModel.of(config, device_default=device_default)  # the runtime, then weights or server
     request = RunRequest(model=model, setups=setups, split=args.split, tries=args.tries, arm=arm.name, sim=sim,
-                         num_envs=args.num_envs, replay_latency=replay, max_steps=args.max_steps,
+                         num_envs=args.num_envs, first_try=args.first_try, replay_latency=replay,
+                         replay_ms=None if replay_ms is None else tuple(float(x) for x in replay_ms),
+                         max_steps=args.max_steps,
                          record=bool(getattr(args, "record", False)))
     return request, settings
 
@@ -223,9 +236,12 @@ def _run(args, device_default, report_extra, config) -> RunOutcome:
     try:
         tasklist = load(request.split)
         for s in request.setups:
-            if request.tries > tasklist.tries(s.id):
+            if request.first_try + request.tries > tasklist.tries(s.id):
+                asked = (f"--tries {request.tries}" if not request.first_try else
+                         f"--first-try {request.first_try} --tries {request.tries} (tries {request.first_try}.."
+                         f"{request.first_try + request.tries - 1})")
                 raise ValueError(f"the {request.split} task list has {tasklist.tries(s.id)} tries of {s.id}; "
-                                 f"--tries {request.tries} asks for more")
+                                 f"{asked} asks for more")
     except (TaskListError, ValueError) as e:
         return RunOutcome(_fail(str(e)))
 

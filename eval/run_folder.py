@@ -32,7 +32,7 @@ from eval.records import (INT1, OBJ, SCALAR, STR, RecordsError, TryRecord, machi
 RUN_JSON_CHECK = obj({
     "model": STR, "split": STR, "arm": STR, "tasklist_sha256": nullable(STR), "options": OBJ, "predicate": INT1,
     "sim": STR, "weights_sha256": STR, "runtime": obj({"backend": STR, "precision": nullable(STR)}),
-    "appearance": INT1, "run_identity": STR, "request": OBJ, "credentials": OBJ,
+    "appearance": INT1, "first_try": INT1, "run_identity": STR, "request": OBJ, "credentials": OBJ,
     "environment": obj({"machine": map_of(SCALAR), "packages": map_of(STR)}),
 })
 
@@ -73,7 +73,8 @@ class RunConfig:
         m = request.model
         runtime = (m.backend, m.precision) if m.runtime is not None else ()
         return cls(model=m.name, split=request.split, setups=tuple(s.id for s in request.setups),
-                   tries=request.tries, out=str(out), arm=request.arm, tasklist_sha256=tasklist_sha256,
+                   tries=request.tries, out=str(out), arm=request.arm, first_try=request.first_try,
+                   tasklist_sha256=tasklist_sha256,
                    options=tuple(sorted(request.options().items())), sim=request.sim,
                    weights_sha256=m.config.weights_sha256(), runtime=runtime,
                    appearance=request.identity().get("appearance"), request=request.to_json())
@@ -83,6 +84,8 @@ class RunConfig:
         their values are never written, and a new token does not make another run)."""
         d = {"model": self.model, "split": self.split, "arm": self.arm, "tasklist_sha256": self.tasklist_sha256,
              "options": {k: v for k, v in self.options}, "predicate": self.predicate}
+        if self.first_try:  # other tries than the first N: never mixed with theirs in one folder; older runs match
+            d["first_try"] = self.first_try
         if self.sim != "cpu":  # CPU physics gives the same tries batched or not (tested): older runs match
             d["sim"] = self.sim
         if self.weights_sha256 is not None:  # models without a weights file: older runs match

@@ -120,7 +120,7 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path, name, args, needle):
 
 
 @pytest.mark.parametrize("name", ["sim_throughput", "inference", "eval_walltime", "gpu_physics_check", "render_cost",
-                                  "engines_build"])
+                                  "engines_build", "orin_estimate", "bc_camera_int8"])
 def test_help(name):
     proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
@@ -140,3 +140,38 @@ def test_cli_startup_quick(tmp_path):
     modules = {c["module"] for c in r["commands"]}
     assert {"eval.run", "eval.orin", "env.tasklist", "eval.report"} <= modules
     assert all(c["help_exit"] == [0] and c["bad_option_exit"] == [2] for c in r["commands"])
+
+
+def test_orin_estimate_counts_the_built_graphs_and_labels_an_estimate(tmp_path):
+    """The graphs `engines.build` writes (shipped weights), their FLOPs, and the estimate: the compute term is
+    FLOPs over the stated peak times the efficiency, on the published bc-state floor read from the spec."""
+    engines = tmp_path / "engines"
+    proc = subprocess.run([sys.executable, "-m", "engines.build", "--models", "bc-state,bc-camera", "--out",
+                           str(engines)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = _bench("orin_estimate", tmp_path, "--engines", str(engines), "--efficiency", "0.2")
+    from benchmarks.orin_estimate import ORIN_PEAK_FLOPS
+
+    assert r["label"] == "an estimate from FLOPs, not a measurement" and r["efficiency"] == 0.2
+    assert r["floor_ms"] == 1.4  # docs/BENCHMARK.md section 8: bc-state's ms/query on the Orin
+    by_model = {m["model"]: m for m in r["models"]}
+    assert set(by_model) == {"bc-state", "bc-camera"}
+    assert by_model["bc-camera"]["flops_per_query"] > 100 * by_model["bc-state"]["flops_per_query"] > 0
+    for m in r["models"]:
+        for e in m["estimates"]:
+            compute = m["flops_per_query"] / (ORIN_PEAK_FLOPS[e["precision"]] * 0.2) * 1e3
+            assert e["compute_ms"] == pytest.approx(compute, abs=1e-4)
+            assert e["expected_ms"] == pytest.approx(1.4 + compute, abs=1e-3)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--efficiency", "0"], "--efficiency must be in (0, 1]"),
+    (["--engines", "NOWHERE"], "holds no engines"),
+])
+def test_orin_estimate_bad_input_is_one_line(tmp_path, args, needle):
+    args = [str(tmp_path / a) if a == "NOWHERE" else a for a in args]
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.orin_estimate", "--out-dir", str(tmp_path), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr
+    assert not list(tmp_path.glob("*.json"))

@@ -3,6 +3,7 @@ give one line, TensorRT skips with a visible reason on a machine without it, `en
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -223,7 +224,7 @@ def test_build_exports_bc_camera_beside_bc_state_into_one_folder(tmp_path, capsy
     assert any(r.split()[:3] == ["bc-camera", "onnx", "built"] and str(out / "bc_camera.onnx") in r for r in rows)
     int8 = [r for r in rows if r.split()[1:3] == ["onnx", "int8"]]
     assert len(int8) == 1 and "skipped" in int8[0] and quantize.INT8_REFUSED["bc-camera"] in int8[0]
-    assert "not measured yet" in quantize.INT8_REFUSED["bc-camera"]
+    assert "results/benchmarks/bc_camera_int8.json" in quantize.INT8_REFUSED["bc-camera"]
     reason = trt.unavailable_reason()
     if reason:
         engines = [r for r in rows if r.split()[1] == "tensorrt"]
@@ -243,6 +244,21 @@ def test_build_exports_bc_camera_beside_bc_state_into_one_folder(tmp_path, capsy
     assert build.main(["--out", str(out), "--models", "bc-camera", "--ort-precisions", "fp32"]) == 0
     again = capsys.readouterr().out.splitlines()
     assert any(line.split()[:3] == ["bc-camera", "onnx", "built"] and "(unchanged)" in line for line in again)
+
+def test_bc_camera_int8_refusal_quotes_its_measurement():
+    """The refusal's numbers are the committed benchmark's (results/benchmarks/bc_camera_int8.json)."""
+    from engines import quantize
+
+    r = json.loads((REPO / "results" / "benchmarks" / "bc_camera_int8.json").read_text())["results"]
+    text = quantize.INT8_REFUSED["bc-camera"]
+    lat, parity = r["latency_ms"], r["parity"]
+    assert f"{r['int8_over_fp32_p50']:.2f}x slower" in text
+    assert f"{lat['int8']['p50']:.2f} vs {lat['fp32']['p50']:.2f} ms p50" in text
+    assert f"ranges over {r['calibration']['queries']:,} of its own dev queries" in text
+    assert f"on {parity['queries']} other dev queries was up to {max(parity['per_component_max_abs'][:6]):.2f} off" \
+        in text
+    assert f"{parity['gripper_sign_flips']} gripper commands flipped" in text
+
 
 
 def test_build_without_bc_camera_weights_says_how_to_train_them(tmp_path, capsys, monkeypatch):

@@ -425,7 +425,7 @@ def test_fake_tensorrt_bc_camera_engines_are_the_runs_and_a_missing_one_is_one_l
     fakes = fake_trt.install(monkeypatch, major=10)
     out = tmp_path / "engines"
     rc, weights = _bc_camera_build(out, "--precisions", "fp16,fp32,int8")
-    assert rc == 0 and fakes.trt.state.builds == 2  # int8: refused (not measured yet), no engine
+    assert rc == 0 and fakes.trt.state.builds == 2  # int8: refused (measured), no engine
     engines = _entry(out, "bc-camera")["tensorrt"]
     assert sorted(k["precision"] for k in engines.values()) == ["fp16", "fp32"]
     assert all(k["batch_max"] == MODEL_RUNTIMES["bc-camera"].trt_batch_max == 64 for k in engines.values())

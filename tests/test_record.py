@@ -222,6 +222,9 @@ def test_a_finished_dataset_is_refused_unless_fresh(dataset):
     (["--tries", "0"], "--tries must be at least 1"),
     (["--tries", "101"], "the train task list has 100 tries of A01"),
     (["--max-steps", "0"], "--max-steps must be at least 1 (control steps per try), got 0"),
+    (["--first-try", "-1"], "--first-try must be 0 or more (a try index of the task list), got -1"),
+    (["--first-try", "99", "--tries", "2"], "the train task list has 100 tries of A01; --first-try 99 --tries 2 "
+                                            "(tries 99..100) asks for more"),
     (["--noise", "-1"], "--noise must be a finite number, 0 or more (the std of the noise on each motion component), "
                         "got -1"),
     (["--noise", "0.1", "--model", "random"], "--noise perturbs the scripted reference's actions (DART): it needs "
@@ -282,6 +285,24 @@ def test_a_killed_recording_resumes_without_a_torn_episode(tmp_path):
     assert all(r["steps"] == 40 and r["max_steps"] == 40 for r in records)
     assert json.loads((out / "meta/recording.json").read_text())["max_steps"] == 40
     assert "every try cut at 40 control steps" in (out / "README.md").read_text()
+
+
+def test_first_try_records_other_starts_than_the_first(tmp_path):
+    """``--first-try 7 --tries 1``: the train list's try 7 of A01 (its seed), named so in the episodes, the
+    recording and the card; a smoke recording (10 steps)."""
+    from env.tasklist import load
+
+    out = tmp_path / "ds"
+    proc = _record("--setups", "A01", "--tries", "1", "--first-try", "7", "--max-steps", "10", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (record,) = [json.loads(x) for x in (out / "recording/tries.jsonl").read_text().splitlines()]
+    assert (record["setup"], record["try"], record["seed"]) == ("A01", 7, load("train").seed("A01", 7))
+    (episode,) = _table(out / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    assert (episode["try_index"], episode["seed"]) == (7, record["seed"])
+    recording = json.loads((out / "meta/recording.json").read_text())
+    assert (recording["first_try"], recording["tries_per_setup"]) == (7, 1)
+    assert json.loads((out / "recording/run.json").read_text())["request"]["first_try"] == 7
+    assert "tries 7 to 7 of each" in (out / "README.md").read_text()
 
 
 NOISE = 0.1

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from env.setups import SCORED_IDS
@@ -334,3 +335,47 @@ def test_a_bad_latency_profile_is_named_before_any_scene(tmp_path, name, content
     msg = _one_error(proc, "error:")
     assert proc.returncode == 2 and str(prof) in msg and needle in msg, msg
     assert not (tmp_path / "out" / "run.json").exists()
+
+
+def test_a_published_latency_is_the_specs_orin_ms_per_query(tmp_path):
+    """``published:LABEL`` replays the spec's own Orin number (section 8), read from its text: octo-small-1.5's
+    327.8 ms holds each action back 6 control steps; the run names the label, not a copied number."""
+    from eval.latency_replay import CONTROL_PERIOD_MS, ReplayLatencyPolicy, published_profile
+    from eval.site.published import orin_ms_per_query
+    from tests.conftest import REPO_ROOT
+
+    published = orin_ms_per_query()
+    spec = (REPO_ROOT / "docs" / "BENCHMARK.md").read_text()
+    for label in ("octo-small-1.5", "octo-base-1.5"):
+        assert f"{label} {published[label]:g} ms/query" in " ".join(spec.split())
+    assert published["bc-state"] == 1.4
+    profile = published_profile("published:octo-small-1.5", published)
+    assert profile.tolist() == [327.8]
+
+    class Forward:  # the same action every step
+        name, track, observes = "forward", "reference", "state"
+
+        def reset(self, instruction, seed=None):  # as bc-camera: it knows its instructions, and "" is none
+            if not instruction:
+                raise ValueError("no instruction")
+
+        def query(self, observation): return np.array([1, 0, 0, 0, 0, 0, -1], dtype=np.float32)
+
+        def reads_observation(self, step): return True
+
+        def record_fields(self): return {}
+
+    wrapped = ReplayLatencyPolicy(Forward(), profile)  # the loop resets it with the try's instruction
+    wrapped.reset("put the circle block into the circle hole", seed=0)
+    moved = [bool(wrapped.act({})[0]) for _ in range(10)]
+    assert moved == [False] * 6 + [True] * 4 and 327.8 / CONTROL_PERIOD_MS > 6
+    proc = _py("eval.run", "--model", "hold", *ONE_TRY, "--max-steps", "5", "--replay-latency",
+               "published:octo-base-1.5", "--out", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["options"]["replay_latency"] == \
+        "published:octo-base-1.5"
+    proc = _py("eval.run", "--model", "hold", *ONE_TRY, "--replay-latency", "published:gpt-9", "--out",
+               tmp_path / "bad")
+    msg = _one_error(proc, "error:")
+    assert proc.returncode == 2 and "publishes no ms/query of 'gpt-9'; it does of: " in msg and "octo-small-1.5" in msg
+    assert not (tmp_path / "bad" / "run.json").exists()

@@ -93,6 +93,15 @@ def test_a_smoke_run_cut_by_max_steps_is_never_ranked_and_says_so(how):
     assert st["text"] == "never ranked: tries cut at 12 control steps (--max-steps): a smoke run, success meaningless"
 
 
+@pytest.mark.parametrize("profile,shown", [("published:octo-small-1.5", "published:octo-small-1.5"),
+                                           ("/runs/orin/tries.jsonl", "tries.jsonl")])
+def test_a_run_with_a_replayed_latency_is_never_ranked_and_says_so(profile, shown):
+    st = run_status(_summary("frozen"), {"options": {"replay_latency": profile}})  # would be ranked without it
+    assert not st["ranked"] and st["section"] == "latency_replay"
+    assert st["text"] == (f"not a result: every action delayed by the latency profile {shown} (--replay-latency): "
+                          f"what a device's delay does")
+
+
 def test_incomplete_runs_marked_k_of_n_tries_per_setup():
     st = run_status(_summary("frozen", missing=("B05", "C01")))
     assert not st["ranked"] and st["section"] == "incomplete"
@@ -129,6 +138,7 @@ def test_committed_runs_each_in_the_section_of_what_it_is():
     assert where["orin_cpu/bc_state"] == where["orin_cpu/bc_state_scenes4"] == "example"  # dev split, a few tries
     assert where["orin_cpu/octo_small_random"] == "latency_only"
     assert where["scripted_fullboard_test"] == "full_board"
+    assert where["bc_camera_replay/octo-small-1.5"] == where["bc_camera_replay/octo-base-1.5"] == "latency_replay"
 
 
 def test_leaderboard_order_and_ties(tmp_path):

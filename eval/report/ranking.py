@@ -11,6 +11,7 @@ tries were cut short by --max-steps ("latency only" wherever they appear: succes
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Mapping
 
 from env.setups import SCORED_IDS
@@ -76,6 +77,9 @@ def run_status(summary: Mapping, run_json: Mapping | None = None, default_weight
     weights = summary.get("weights_sha256")
     variant = bool(default_weights and isinstance(weights, str) and weights != default_weights)
     cap = step_cap(summary, run_json)
+    options = (run_json or {}).get("options") if isinstance(run_json, Mapping) else None
+    replay = options.get("replay_latency") if isinstance(options, Mapping) else None
+    replay = replay if isinstance(replay, str) and replay else None
     out = {"ranked": False, "incomplete": incomplete, "latency_only": random_w or cap is not None, "variant": variant,
            "track": track}
     if random_w:
@@ -84,6 +88,10 @@ def run_status(summary: Mapping, run_json: Mapping | None = None, default_weight
         out.update(section="latency_only", text=f"never ranked: {max_steps_label(cap)}")
     elif full_only:
         out.update(section="full_board", text="full-board task only (not in the score)")
+    elif replay:
+        shown = replay if replay.startswith("published:") else Path(replay).name
+        out.update(section="latency_replay", text=f"not a result: every action delayed by the latency profile "
+                                                  f"{shown} (--replay-latency): what a device's delay does")
     elif split != SCORE_SPLIT:
         ran = [sid for sid, e in (summary.get("setups") or {}).items() if (e or {}).get("n")]
         where = ", ".join(ran) if len(ran) <= 6 else f"{len(ran)} setups"

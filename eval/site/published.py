@@ -235,6 +235,11 @@ def read_published(spec: Spec | str | Path = SPEC_FILE) -> Published:
                      arm_labels=arm_labels, tasklist=tasklist, physics_note=m.group(1))
 
 
+def orin_ms_per_query(spec: Spec | str | Path = SPEC_FILE) -> dict[str, float]:
+    """Label -> ms per query of every published run that gives one (section 8: measured on the Orin)."""
+    return {e.label: float(e.ms_per_query) for e in read_published(spec).entries if e.ms_per_query}
+
+
 def _group_column(tab: list[list[str]], j: int, path: Path) -> dict[str, str]:
     rows = {r[0]: r[j] for r in tab[1:]}
     if list(rows) != list(GROUPS) or not all(re.fullmatch(RANGE, v) for v in rows.values()):

@@ -33,7 +33,8 @@ PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e
            "#bcbd22", "#393b79", "#637939"]
 PUB_COLOUR = "#a08040"
 # where the page shows the runs of each section that is not the leaderboard's (anchors of render_page's h2)
-ELSEWHERE = {"variant": "variants", "other_arm": "arms", "incomplete": "runs", "example": "latency",
+ELSEWHERE = {"variant": "variants", "other_arm": "arms", "incomplete": "runs", "latency_replay": "latency",
+             "example": "latency",
              "latency_only": "latency", "full_board": "fullboard"}
 SPEC_SECTIONS = ("1", "2", "3", "4", "5", "6", "7", "9")  # shown as written (8 is the published numbers)
 

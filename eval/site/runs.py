@@ -34,12 +34,13 @@ SECTIONS = {
     "variant": "Variants: other weights than the model's own (not the track's recipe)",
     "other_arm": "Other arms: the scripted reference as a check of the task list (spec section 7)",
     "incomplete": "Incomplete runs",
+    "latency_replay": "Latency replayed (--replay-latency): what a device's delay does to success, not results",
     "example": "Examples on other splits (latency and the device report, not results)",
     "latency_only": "Random weights or tries cut short by --max-steps (latency only, success meaningless)",
     "full_board": "Full-board task only",
 }
 SECTION_SHORT = {"ranked": "ranked", "comparison": "leaderboard, not ranked", "variant": "variant",
-                 "other_arm": "other arm", "incomplete": "incomplete", "example": "example",
+                 "other_arm": "other arm", "incomplete": "incomplete", "latency_replay": "latency replayed", "example": "example",
                  "latency_only": "latency only", "full_board": "full board"}
 
 
