@@ -38,16 +38,11 @@ FLOOR_MODEL = "bc-state"  # the published Orin latency of the smallest network: 
 MODELS = ("bc-state", "bc-camera")  # one graph a query each (Octo's sampler runs its graph per denoising step)
 
 
-def _feeds(model) -> dict[str, np.ndarray]:
-    """Zeros of each graph input's shape, its symbolic (batch) dimensions at 1."""
-    from onnx.helper import tensor_dtype_to_np_dtype
+def _feeds(path) -> dict[str, np.ndarray]:
+    """Zeros of each graph input's shape (engines.quantize.input_specs), its dynamic (batch) dimensions at 1."""
+    from engines.quantize import input_specs
 
-    feeds = {}
-    for i in model.graph.input:
-        t = i.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in t.shape.dim]
-        feeds[i.name] = np.zeros(shape, dtype=tensor_dtype_to_np_dtype(t.elem_type))
-    return feeds
+    return {name: np.zeros([max(d, 1) for d in shape], dtype) for name, (shape, dtype) in input_specs(path).items()}
 
 
 def published_floor_ms() -> float:
@@ -93,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except EnginesFolderError as e:
             raise BenchmarkError(str(e)) from None
         model = onnx.load(str(path))
-        f = graph_flops(model, _feeds(model))
+        f = graph_flops(model, _feeds(path))
         if f["uncounted"]:
             raise BenchmarkError(f"{path}: {f['uncounted']} contracting nodes of unknown shape")
         est = [estimate(f["total"], prec, args.efficiency, floor_ms) for prec in ORIN_PEAK_FLOPS]
