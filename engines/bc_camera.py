@@ -31,7 +31,9 @@ The graph (``BCCameraNetConfig``; its FLOPs in ``flops_per_query`` of eval.train
   (the estimator's), the closing angle (forward kinematics) and the block's turn in the fingers (the knob head's
   for the square, a triangle head's; version 10: version 8's estimator (docs/models.md's v10), reading it from
   the frames at once, was 31 degrees off for a held square on its own tries); and the relations bc-state acts
-  on (block to gripper, hole to block) computed from those. Version 3's MLP estimated all 32 apart, from the raw
+  on (block to gripper, hole to block) computed from those. From version 11 the third person is read as the
+  try's first step rendered it (``first_frame_cameras``; the policy keeps that frame): read every step, v12's
+  estimate of a block not yet held followed the arm in the frame. Version 3's MLP estimated all 32 apart, from the raw
   joints, and closed loop put the block at the gripper when the gripper came over it 120 mm up (docs/models.md). The
   estimator is trained on a recording's ``observation.environment_state``, which the policy never observes
   (privileged supervision at training time only);
@@ -129,6 +131,14 @@ class BCCameraNetConfig:
     # gripper and, on the camera policy's own tries, put the block under the gripper wherever it was (offset
     # estimated 8 mm where truly 77, uncorrelated with the truth: docs/models.md)
     estimator_reads_gripper: bool = False
+    # cameras whose frame the network reads as it was at the try's first step (the policy keeps it), not the
+    # step's. The third person (version 11): read every step, its estimate of a block not yet held followed the
+    # arm in the frame (v12's own tries at new starts, far from the block: its error moved with the gripper's
+    # offset from the block by 0.78 in x, 0.97 in y; docs/models.md). At the first step the arm is at its home
+    # pose in every try, so only the scene can say where the block is; what moves later is read from the wrist
+    # camera and the joints. Weights files written before this field read every step's frames
+    # (``config_from_json``)
+    first_frame_cameras: tuple[str, ...] = ("third_person",)
     action_dim: int = 7
     # bc-state's network (engines.bc_mlp.BCConfig) as the policy head
     policy: BCConfig = field(default_factory=BCConfig)
@@ -152,6 +162,12 @@ class BCCameraNetConfig:
         if len(self.image_sides) != len(self.cameras) or side < 4 or rendered % side:
             raise ValueError(f"a {name} camera of side {rendered} does not average down to {side} pixels")
         return rendered // side
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.first_frame_cameras) - {n for n, _ in self.cameras})
+        if unknown:
+            raise ValueError(f"first_frame_cameras names {', '.join(unknown)}, not one of the network's cameras "
+                             f"({', '.join(n for n, _ in self.cameras)})")
 
 
 def instruction_one_hot(instruction: str, config: BCCameraNetConfig) -> np.ndarray:
@@ -405,7 +421,9 @@ def config_from_json(text: str) -> BCCameraNetConfig:
     return BCCameraNetConfig(**{**d, "cameras": tuple((str(n), int(s)) for n, s in d["cameras"]),
                              "image_sides": tuple(d["image_sides"]),
                              "instructions": tuple(d["instructions"]), "channels": tuple(d["channels"]),
-                             "hidden": tuple(d["hidden"]), "policy": policy})
+                             "hidden": tuple(d["hidden"]), "policy": policy,
+                             # files written before the field (versions 10 and older) read every step's frames
+                             "first_frame_cameras": tuple(d.get("first_frame_cameras", ()))})
 
 
 def load(path: str | Path = DEFAULT_WEIGHTS):

@@ -169,7 +169,8 @@ def test_training_on_a_recording_writes_weights_eval_run_runs(trained, tmp_path)
     assert set(errors) == {"start", "before_grasp", "grasped"} and errors["start"]["steps"] >= 1
     assert {"block_mm", "block_minus_tcp_mm", "hole_minus_block_mm", "yaw_err_deg"} <= set(errors["before_grasp"])
     assert 0 < report["weights_bytes"] <= 5_000_000 and report["flops_per_query"] > 1e6
-    assert report["peak_rss_mib"] > 0 and report["steps"] == report["train_steps"] + report["validation_steps"]
+    assert report["peak_rss_mib"] > 0 and report["toppled_steps_left_out"] == 0
+    assert report["steps"] == report["train_steps"] + report["validation_steps"] + report["toppled_steps_left_out"]
     out = tmp_path / "run"
     run = subprocess.run([sys.executable, "-m", "eval.run", "--model", "bc-camera", "--checkpoint",
                           str(root / "w.safetensors"), "--split", "dev", "--setups", "A01", "--tries", "1",
@@ -323,6 +324,8 @@ def test_the_diagnosis_reports_each_phase_of_a_recording(trained, recorded_demos
     assert st["tries"] == len((demos / "recording" / "tries.jsonl").read_text().splitlines()) == 2
     assert st["grasped"] == 2 and st["grasped"] >= st["over_the_hole"] >= st["down_at_the_hole"] >= 0
     assert "grasped" in report["phases"] and "block_across" in report["phases"]["grasped"]["action_error_with_true"]
+    assert {"follows_gripper_x", "follows_gripper_y"} <= set(report["phases"]["grasped"]["block_across_mm"])
+    assert len(report["weights_sha256"]) == 64
     missing = subprocess.run([sys.executable, "-m", "eval.training.diagnose_bc_camera", "--weights",
                               str(tmp_path / "none.safetensors"), "--datasets", str(demos)], cwd=REPO_ROOT,
                              capture_output=True, text=True, timeout=600)
@@ -469,3 +472,118 @@ def test_committed_results_name_the_shipped_weights():
     run = json.loads((REPO_ROOT / "results" / "bc_camera_test" / "run.json").read_text())
     assert run["model"] == "bc-camera" and run["split"] == "test"
     assert run["weights_sha256"] == sha256_file(bc_camera.DEFAULT_WEIGHTS)
+
+
+def test_weights_written_before_first_frame_cameras_read_every_steps_frames():
+    """Version 11 reads the third person as it was at the try's first step; a weights file without the field (the
+    shipped v12, version 10) keeps reading every step's frames, and a camera the network lacks is refused."""
+    from dataclasses import asdict
+
+    cfg = bc_camera.BCCameraNetConfig()
+    assert cfg.first_frame_cameras == ("third_person",)
+    d = asdict(cfg)
+    assert bc_camera.config_from_json(json.dumps(d)) == cfg
+    del d["first_frame_cameras"]
+    assert bc_camera.config_from_json(json.dumps(d)).first_frame_cameras == ()
+    with pytest.raises(ValueError, match="first_frame_cameras names top, not one of the network's cameras"):
+        bc_camera.BCCameraNetConfig(first_frame_cameras=("top",))
+
+
+class _Feeds:
+    """A runner that keeps what it is fed."""
+    name = "fake"
+
+    def __init__(self):
+        self.fed = []
+
+    def infer(self, feeds):
+        self.fed.append({k: np.array(v) for k, v in feeds.items()})
+        return {"actions": np.zeros((1, 1, 7), np.float32)}
+
+
+@pytest.mark.parametrize("first_frame_cameras", [("third_person",), ()], ids=["version-11", "version-10"])
+def test_the_policy_feeds_the_tries_first_third_person_frame(first_frame_cameras):
+    """The third person goes to the runner as the try's first step rendered it (copied: the renderer reuses its
+    buffer), the wrist as each step renders it; a reset or a spawned policy starts from its own first frame."""
+    from eval.policies.bc_camera import BCCameraPolicy
+
+    cfg = bc_camera.BCCameraNetConfig(first_frame_cameras=first_frame_cameras)
+    runner = _Feeds()
+    policy = BCCameraPolicy(runner, cfg, bc_camera.DEFAULT_WEIGHTS)
+    buffer = {"third_person": np.zeros((256, 256, 3), np.uint8), "wrist": np.zeros((128, 128, 3), np.uint8)}
+    obs = {"images": buffer, "proprio": np.zeros(cfg.proprio_dim, np.float32)}
+
+    def step(value: int) -> dict:
+        for frame in buffer.values():
+            frame[...] = value  # the renderer writes the next step into the same buffer
+        policy.act(obs)
+        return {k: int(v.ravel()[0]) for k, v in runner.fed[-1].items() if k != "low_dim"}
+
+    kept = first_frame_cameras == ("third_person",)
+    policy.reset(bc_camera.all_instructions()[0])
+    assert step(1) == {"third_person": 1, "wrist": 1}
+    assert step(2) == {"third_person": 1 if kept else 2, "wrist": 2}
+    policy.reset(bc_camera.all_instructions()[0])
+    assert step(3) == {"third_person": 3, "wrist": 3}
+    assert step(4) == {"third_person": 3 if kept else 4, "wrist": 4}
+    other = policy.spawn()
+    other.reset(bc_camera.all_instructions()[0])
+    for frame in buffer.values():
+        frame[...] = 5
+    other.act(obs)
+    assert int(runner.fed[-1]["third_person"].ravel()[0]) == 5
+
+
+def test_training_reads_the_episodes_first_frame_for_first_frame_cameras():
+    """What the network is trained on at each step is what the policy feeds it there (frame_rows)."""
+    from eval.training.train_bc_camera import Demos, frame_rows
+
+    episode = np.array([0, 0, 0, 1, 1, 2])
+    demos = Demos(frames={}, low_dim=np.zeros((6, 1)), scene=np.zeros((6, 32)), episode=episode, episodes_used=3)
+    rows = frame_rows(demos, bc_camera.BCCameraNetConfig())
+    assert rows["third_person"].tolist() == [0, 0, 0, 3, 3, 5]
+    assert rows["wrist"].tolist() == [0, 1, 2, 3, 4, 5]
+    assert frame_rows(demos, bc_camera.BCCameraNetConfig(first_frame_cameras=()))["third_person"].tolist() == \
+        list(range(6))
+
+
+def test_the_diagnosis_measures_how_far_the_blocks_error_follows_the_gripper():
+    from eval.training.diagnose_bc_camera import error_follows_gripper
+
+    rng = np.random.default_rng(0)
+    true = np.zeros((50, 32))
+    true[:, 6:8] = rng.uniform(-0.2, 0.2, (50, 2))  # the block
+    tcp = rng.uniform(-0.3, 0.3, (50, 2))
+    true[:, 16:18] = true[:, 6:8] - tcp
+    read = true.copy()  # read from the block, with a constant bias
+    read[:, 6:8] += 0.01
+    under = true.copy()  # put where the gripper is
+    under[:, 6:8] = tcp
+    half = true.copy()
+    half[:, 6:8] = (true[:, 6:8] + tcp) / 2
+    for est, slope in ((read, 0.0), (under, 1.0), (half, 0.5)):
+        assert np.allclose(error_follows_gripper(est, true), slope, atol=1e-9)
+    assert all(np.isnan(error_follows_gripper(read[:2], true[:2])))
+
+
+def test_training_leaves_out_the_steps_of_a_toppled_block(tmp_path):
+    """A block lying on its side (tilt over TOPPLED_TILT), which some DAgger rounds hold and no demonstration
+    does, is neither trained on nor validated on, and the report counts those steps."""
+    from eval.training.train_bc_camera import TILT, TOPPLED_TILT, Demos, Recipe, train
+
+    cfg = bc_camera.BCCameraNetConfig()
+    rng = np.random.default_rng(0)
+    n, episodes = 40, 8
+    scene = rng.normal(0, 0.05, (n, 32)).astype(np.float32)
+    scene[:, bc_camera.GRASPED] = 0.0
+    scene[[3, 4, 17], TILT] = TOPPLED_TILT + np.array([0.01, 1.0, 1.4])
+    demos = Demos(frames={name: rng.integers(0, 256, (n, 3, cfg.image_side(name), cfg.image_side(name)),
+                                             dtype=np.uint8) for name, _ in cfg.cameras},
+                  low_dim=rng.normal(0, 1, (n, cfg.low_dim)).astype(np.float32), scene=scene,
+                  episode=np.repeat(np.arange(episodes), n // episodes), episodes_used=episodes,
+                  source=np.zeros(n, np.int64))
+    _, history, split = train(demos, Recipe(epochs=1, batch=8, config=cfg), tmp_path / "work",
+                              bc_mlp.DEFAULT_WEIGHTS, show=False, log=lambda *_: None)
+    assert split["toppled_steps_left_out"] == 3
+    assert split["train_steps"] + split["validation_steps"] == n - 3
+    assert np.isfinite(history[-1]["train_loss"])

@@ -180,8 +180,14 @@ def test_bc_camera_device_frames_reach_its_engine_with_no_image_copy(tmp_path, m
         tensors = {k: fake_trt.fake_cuda(v) for k, v in frames.items()}
         a_device = device.query({"images": tensors, "proprio": proprio})
         assert device.runner.last_h2d_bytes == low_dim_bytes == f.cudart.h2d_bytes - copied  # not one image byte
-        read = device.runner.context.read[-1]  # the addresses the engine read: the frames' own
-        assert all(read[k] == t.data_ptr() and k not in device.runner.buffers for k, t in tensors.items())
+        read = device.runner.context.read[-1]  # the addresses the engine read: the frames' own, or for the
+        # cameras read as the try's first step rendered them (the third person), the copy the policy keeps on the
+        # device: a device-to-device clone, never through the host, never a runner buffer
+        kept = device._first_frames
+        assert set(kept) == set(config.first_frame_cameras) == {"third_person"}
+        assert all(type(t) is type(tensors[k]) for k, t in kept.items())  # still a (fake) CUDA tensor
+        bound = {k: kept.get(k, t) for k, t in tensors.items()}
+        assert all(read[k] == t.data_ptr() and k not in device.runner.buffers for k, t in bound.items())
         # the same network on the same bytes (its float sums may round differently with the buffers' alignment)
         np.testing.assert_allclose(a_host, expected, rtol=0, atol=1e-6)
         np.testing.assert_allclose(a_device, a_host, rtol=0, atol=1e-6)

@@ -5,7 +5,9 @@ positions and the instruction, and bc-state's network acting on it with the poli
 
 Each step's frames go to the runner as the scene rendered them: numpy views on the CPU, the rendered CUDA
 tensors on a GPU (the graph averages them down itself, so nothing is resized or copied on the host). The
-policy asks at every step."""
+policy asks at every step. The cameras of ``config.first_frame_cameras`` (the third person, from version 11 on)
+go to the runner as they were at the try's first step: the policy keeps that frame, copied where it was
+rendered (a CUDA tensor stays on the GPU), since the renderer reuses its buffers."""
 
 from __future__ import annotations
 
@@ -37,10 +39,12 @@ class BCCameraPolicy(Policy):
         self.weights_sha256 = sha256_file(self.weights)
         self.history = ActionHistory()
         self._instruction: np.ndarray | None = None
+        self._first_frames: dict[str, Any] = {}
 
     def reset(self, instruction: str, seed: int | None = None) -> None:
         self.history.reset()
         self._instruction = instruction_one_hot(instruction, self.config)
+        self._first_frames = {}
 
     def encode(self, observation: Mapping[str, Any]) -> dict[str, Any]:
         if self._instruction is None:
@@ -53,7 +57,12 @@ class BCCameraPolicy(Policy):
             raise BadActionError(f"bc-camera was trained on {self.config.proprio_dim} joint positions; this arm "
                                  f"gives {proprio.shape[0] if proprio.ndim == 1 else proprio.shape}")
         low = np.concatenate([proprio, self._instruction, self.history.vector()])[None]
-        return {"third_person": images["third_person"][None], "wrist": images["wrist"][None], "low_dim": low}
+        for name in self.config.first_frame_cameras:
+            if name not in self._first_frames:
+                frame = images[name]
+                self._first_frames[name] = frame.copy() if isinstance(frame, np.ndarray) else frame.clone()
+        seen = {name: self._first_frames.get(name, images[name]) for name in ("third_person", "wrist")}
+        return {"third_person": seen["third_person"][None], "wrist": seen["wrist"][None], "low_dim": low}
 
     def decode(self, outputs: Mapping[str, np.ndarray] | None, row: int) -> np.ndarray:
         action = np.array(outputs["actions"][row][0], dtype=np.float32)
@@ -71,5 +80,6 @@ class BCCameraPolicy(Policy):
         other = copy.copy(self)
         other.history = ActionHistory()
         other._instruction = None
+        other._first_frames = {}
         other.latencies_ms, other.warmup_ms, other.stage_ms, other.queries = [], [], {}, 0
         return other
