@@ -33,7 +33,11 @@ The graph (``BCCameraNetConfig``; its FLOPs in ``flops_per_query`` of eval.train
   the frames at once, was 31 degrees off for a held square on its own tries); and the relations bc-state acts
   on (block to gripper, hole to block) computed from those. From version 11 the third person is read as the
   try's first step rendered it (``first_frame_cameras``; the policy keeps that frame): read every step, v12's
-  estimate of a block not yet held followed the arm in the frame. Version 3's MLP estimated all 32 apart, from the raw
+  estimate of a block not yet held followed the arm in the frame. Version 12 can place the block before the grasp,
+  away from the gripper, with a **locator**, an MLP of its own on that first frame's features and the instruction
+  alone (``locator_hidden``, off by default: fitted onto v14 it inserted fewer blocks, docs/models.md): the
+  estimator, which also reads the wrist camera, still moved its block with the gripper (v14's own tries at new
+  starts: by 0.60 in x, 0.92 in y). Version 3's MLP estimated all 32 apart, from the raw
   joints, and closed loop put the block at the gripper when the gripper came over it 120 mm up (docs/models.md). The
   estimator is trained on a recording's ``observation.environment_state``, which the policy never observes
   (privileged supervision at training time only);
@@ -105,6 +109,8 @@ KNOB_TOP_ABOVE_CENTRE = BLOCK_HEIGHT / 2 + KNOB_HEIGHT  # m
 SHAPE_ONE_HOT = (24, 25, 26)  # circle, square, triangle (env.instructions.SHAPES)
 BLOCK_HOLE_YAW = [9, 10]  # cos, sin of n x (hole yaw - block yaw)
 HOLE_YAW = [27, 28]  # cos, sin of the board's yaw
+BLOCK_XY = [6, 7]  # the scene's block x, y
+LOCATOR_CAMERA = "third_person"  # the camera the locator reads (at the try's first step)
 YAW_ERR = 31  # the block's yaw to the hole, rad, modulo the shape's symmetry
 
 
@@ -139,6 +145,14 @@ class BCCameraNetConfig:
     # camera and the joints. Weights files written before this field read every step's frames
     # (``config_from_json``)
     first_frame_cameras: tuple[str, ...] = ("third_person",)
+    # the locator's hidden widths (version 12; --locator-hidden): the block's x, y before the grasp, away from the
+    # gripper, from the third person's first frame (its encoder's features, the estimator's) and the instruction,
+    # nothing the arm moves; fitted on the trained encoder's features (eval.training.train_bc_camera.fit_locator).
+    # () (the default, and weights files written before the field): the estimator's block x, y. Fitted onto v14
+    # (locator 12 mm off at held-out starts, the estimator 22), its own tries at new starts inserted 2 of 60
+    # against v14's 5 and spent longer far from the block: where the locator is a few cm off, the wrist head
+    # takes over and reads the block under the gripper (docs/models.md)
+    locator_hidden: tuple[int, ...] = ()
     action_dim: int = 7
     # bc-state's network (engines.bc_mlp.BCConfig) as the policy head
     policy: BCConfig = field(default_factory=BCConfig)
@@ -168,6 +182,9 @@ class BCCameraNetConfig:
         if unknown:
             raise ValueError(f"first_frame_cameras names {', '.join(unknown)}, not one of the network's cameras "
                              f"({', '.join(n for n, _ in self.cameras)})")
+        if self.locator_hidden and LOCATOR_CAMERA not in self.first_frame_cameras:
+            raise ValueError(f"the locator reads the {LOCATOR_CAMERA} camera's first frame; add it to "
+                             f"first_frame_cameras or set locator_hidden to ()")
 
 
 def instruction_one_hot(instruction: str, config: BCCameraNetConfig) -> np.ndarray:
@@ -321,6 +338,15 @@ def build(config: BCCameraNetConfig):
             # quarter-turn symmetry does not say
             self.triangle_turn = nn.Sequential(nn.Linear(features_of("wrist"), KNOB_HIDDEN), nn.GELU(),
                                                nn.Linear(KNOB_HIDDEN, 2))
+            if config.locator_hidden:
+                dims = (features_of(LOCATOR_CAMERA) + len(config.instructions), *config.locator_hidden)
+                layers = []
+                for a, b in zip(dims[:-1], dims[1:]):
+                    layers += [nn.Linear(a, b), nn.GELU()]
+                self.locator = nn.Sequential(*layers, nn.Linear(dims[-1], 2))
+                # its input's normalisation (the features and the one-hot), set by the fit
+                self.register_buffer("locator_mean", torch.zeros(dims[0]))
+                self.register_buffer("locator_std", torch.ones(dims[0]))
             self.register_buffer("low_mean", torch.zeros(seen))
             self.register_buffer("low_std", torch.ones(seen))
             self.register_buffer("scene_mean", torch.zeros(SCENE_DIM))
@@ -328,6 +354,12 @@ def build(config: BCCameraNetConfig):
             self.policy = build_policy_head(config.policy)
             self.policy.requires_grad_(False)  # bc-state's trained network, frozen
             self.gripper = gripper_module((*arm.base_xy, 0.0))
+
+        def locate(self, features, instruction):
+            """The locator's block x, y (N, 2), m, from the locator camera's encoder features and the instruction's
+            one-hot (the raw ``low_dim`` columns)."""
+            x = (torch.cat([features, instruction], -1) - self.locator_mean) / self.locator_std
+            return self.locator(x) * self.scene_std[BLOCK_XY] + self.scene_mean[BLOCK_XY]
 
         def estimate(self, images: dict, low_dim, with_offset: bool = False):
             """The scene features (N, 32) from ``images`` (camera -> float (N, 3, side, side) in [0, 1], averaged
@@ -358,7 +390,9 @@ def build(config: BCCameraNetConfig):
             col.update({i: grip[:, j:j + 1] for j, i in enumerate(GRIPPER_FEATURES)})
             offset = self.offset(feats["wrist"]) * OFFSET_SCALE
             offset = torch.cat([to_world(offset[:, 0:2]), offset[:, 2:3]], -1)
-            far = e[:, 0:2]  # the estimator's block x, y
+            # the block's x, y away from the gripper: the locator's, or (before version 12) the estimator's
+            far = self.locate(feats[LOCATOR_CAMERA], low_dim[:, config.proprio_dim:seen]) if config.locator_hidden \
+                else e[:, 0:2]
             near = torch.sigmoid((OFFSET_NEAR - torch.linalg.vector_norm(far - tcp[:, 0:2], dim=-1, keepdim=True))
                                  / OFFSET_SOFTNESS)
             under = tcp[:, 0:2] + offset[:, 0:2]  # the block's x, y as the wrist camera places it
@@ -423,7 +457,9 @@ def config_from_json(text: str) -> BCCameraNetConfig:
                              "instructions": tuple(d["instructions"]), "channels": tuple(d["channels"]),
                              "hidden": tuple(d["hidden"]), "policy": policy,
                              # files written before the field (versions 10 and older) read every step's frames
-                             "first_frame_cameras": tuple(d.get("first_frame_cameras", ()))})
+                             "first_frame_cameras": tuple(d.get("first_frame_cameras", ())),
+                             # and before version 12 the estimator placed the block before the grasp
+                             "locator_hidden": tuple(d.get("locator_hidden", ()))})
 
 
 def load(path: str | Path = DEFAULT_WEIGHTS):
@@ -444,7 +480,8 @@ def load(path: str | Path = DEFAULT_WEIGHTS):
         model = build(config)
     except ValueError as e:
         raise BadCheckpointError(f"{path}: {e}") from None
-    model = load_checked(model, tensors, path, positive=("low_std", "scene_std", "policy.obs_std"))
+    model = load_checked(model, tensors, path, positive=("low_std", "scene_std", "policy.obs_std")
+                         + (("locator_std",) if config.locator_hidden else ()))
     return model, config, meta
 
 

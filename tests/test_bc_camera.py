@@ -110,11 +110,13 @@ def test_the_estimates_gripper_features_are_the_recorded_truth(recorded_demos):
     assert np.allclose(est[:, 19:21], est[:, 13:15] - est[:, 6:8], atol=1e-6)
 
 
-def _untrained(n: int):
-    """(config, an untrained bc-camera network in eval mode, n random frames a camera, n random low_dim rows),
-    seeded."""
+def _untrained(n: int, **fields):
+    """(config (the default's, with ``fields``), an untrained bc-camera network in eval mode, n random frames a
+    camera, n random low_dim rows), seeded."""
+    from dataclasses import replace
+
     torch.manual_seed(0)
-    cfg = bc_camera.BCCameraNetConfig()
+    cfg = replace(bc_camera.BCCameraNetConfig(), **fields)
     model = bc_camera.build(cfg).eval()
     images = {name: torch.rand(n, 3, cfg.image_side(name), cfg.image_side(name)) for name, _ in cfg.cameras}
     return cfg, model, images, torch.rand(n, cfg.low_dim)
@@ -170,6 +172,7 @@ def test_training_on_a_recording_writes_weights_eval_run_runs(trained, tmp_path)
     assert {"block_mm", "block_minus_tcp_mm", "hole_minus_block_mm", "yaw_err_deg"} <= set(errors["before_grasp"])
     assert 0 < report["weights_bytes"] <= 5_000_000 and report["flops_per_query"] > 1e6
     assert report["peak_rss_mib"] > 0 and report["toppled_steps_left_out"] == 0
+    assert report["locator"] is None and "locator_from" not in report  # none by default
     assert report["steps"] == report["train_steps"] + report["validation_steps"] + report["toppled_steps_left_out"]
     out = tmp_path / "run"
     run = subprocess.run([sys.executable, "-m", "eval.run", "--model", "bc-camera", "--checkpoint",
@@ -325,6 +328,11 @@ def test_the_diagnosis_reports_each_phase_of_a_recording(trained, recorded_demos
     assert st["grasped"] == 2 and st["grasped"] >= st["over_the_hole"] >= st["down_at_the_hole"] >= 0
     assert "grasped" in report["phases"] and "block_across" in report["phases"]["grasped"]["action_error_with_true"]
     assert {"follows_gripper_x", "follows_gripper_y"} <= set(report["phases"]["grasped"]["block_across_mm"])
+    # both carry their block over its hole: there, the action's error per dimension and with each group made true
+    over = report["phases"]["grasped"]["over_the_hole"]
+    assert 1 <= over["steps"] < report["phases"]["grasped"]["steps"]
+    assert list(over["action_error_per_dimension"]) == ["dx", "dy", "dz", "droll", "dpitch", "dyaw", "gripper"]
+    assert set(over["action_error_with_true"]) == set(report["phases"]["far"]["action_error_with_true"])
     assert len(report["weights_sha256"]) == 64
     missing = subprocess.run([sys.executable, "-m", "eval.training.diagnose_bc_camera", "--weights",
                               str(tmp_path / "none.safetensors"), "--datasets", str(demos)], cwd=REPO_ROOT,
@@ -332,13 +340,19 @@ def test_the_diagnosis_reports_each_phase_of_a_recording(trained, recorded_demos
     assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr
 
 
+def _say_the_mean(model) -> None:
+    """The estimator and the locator say their normalisation's mean (scene_mean), whatever the frames."""
+    for head in (model.estimator, *([model.locator] if hasattr(model, "locator") else [])):
+        head[-1].weight.zero_()
+        head[-1].bias.zero_()
+
+
 def test_near_the_gripper_the_blocks_position_across_is_the_gripper_plus_the_wrist_offset():
     """Version 7: where the estimator puts the block within OFFSET_NEAR across of the gripper, its x, y are the
     gripper's plus the wrist head's offset; far from it, the estimator's own."""
     cfg, model, images, low = _untrained(1)
     with torch.no_grad():
-        model.estimator[-1].weight.zero_()
-        model.estimator[-1].bias.zero_()  # the estimator says its normalisation's mean: the block at scene_mean
+        _say_the_mean(model)  # the block at scene_mean
         model.scene_mean[bc_camera.GRASPED] = -10.0  # not held
         tcp = model.estimate(images, low)[0, 0:2]
         for place, near in ((tcp, True), (tcp + torch.tensor([0.0, 0.2]), False)):
@@ -355,8 +369,7 @@ def test_a_held_block_is_where_the_gripper_holds_it():
     frames-only estimate left a lifted block near the table)."""
     cfg, model, images, low = _untrained(1)
     with torch.no_grad():
-        model.estimator[-1].weight.zero_()
-        model.estimator[-1].bias.zero_()
+        _say_the_mean(model)
         tcp_xy = model.estimate(images, low)[0, 0:2]
         # far from the gripper, on the table
         model.scene_mean[6:9] = torch.cat([tcp_xy + torch.tensor([0.0, 0.2]), torch.tensor([0.02])])
@@ -377,8 +390,7 @@ def test_near_a_held_block_the_holes_position_across_is_the_blocks_plus_the_wris
     or not held, the estimator's own."""
     cfg, model, images, low = _untrained(1)
     with torch.no_grad():
-        model.estimator[-1].weight.zero_()
-        model.estimator[-1].bias.zero_()
+        _say_the_mean(model)
         model.scene_mean[bc_camera.GRASPED] = 10.0
         block = model.estimate(images, low)[0, 6:8]  # held: where the gripper is
         for grasped, place, near in ((10.0, block, True), (10.0, block + torch.tensor([0.2, 0.0]), False),
@@ -483,7 +495,7 @@ def test_weights_written_before_first_frame_cameras_read_every_steps_frames():
     assert cfg.first_frame_cameras == ("third_person",)
     d = asdict(cfg)
     assert bc_camera.config_from_json(json.dumps(d)) == cfg
-    del d["first_frame_cameras"]
+    del d["first_frame_cameras"], d["locator_hidden"]  # a file of version 10 has neither
     assert bc_camera.config_from_json(json.dumps(d)).first_frame_cameras == ()
     with pytest.raises(ValueError, match="first_frame_cameras names top, not one of the network's cameras"):
         bc_camera.BCCameraNetConfig(first_frame_cameras=("top",))
@@ -545,6 +557,129 @@ def test_training_reads_the_episodes_first_frame_for_first_frame_cameras():
     assert rows["wrist"].tolist() == [0, 1, 2, 3, 4, 5]
     assert frame_rows(demos, bc_camera.BCCameraNetConfig(first_frame_cameras=()))["third_person"].tolist() == \
         list(range(6))
+
+
+def test_weights_written_before_the_locator_place_the_block_with_the_estimator():
+    """Version 12 places the block before the grasp with the locator; a file without the field (v14, version 11)
+    has none and the estimator places it, and a locator whose camera is read every step is refused."""
+    from dataclasses import asdict
+
+    assert bc_camera.BCCameraNetConfig().locator_hidden == ()  # off by default: docs/models.md
+    cfg = bc_camera.BCCameraNetConfig(locator_hidden=(64, 64))
+    d = asdict(cfg)
+    assert bc_camera.config_from_json(json.dumps(d)) == cfg
+    del d["locator_hidden"]
+    old = bc_camera.config_from_json(json.dumps(d))
+    assert old.locator_hidden == () and old.first_frame_cameras == ("third_person",)
+    assert not hasattr(bc_camera.build(old), "locator")
+    with pytest.raises(ValueError, match="the locator reads the third_person camera's first frame"):
+        bc_camera.BCCameraNetConfig(first_frame_cameras=(), locator_hidden=(8,))
+
+
+def test_the_locator_places_a_block_away_from_the_gripper_from_the_third_person_and_instruction_alone():
+    """Version 12: not held and away from the gripper, the block's x, y are the locator's, which the wrist
+    camera does not move (v14's estimator, reading it, moved its block with the gripper); the third person
+    and the instruction do."""
+    n = 4
+    cfg, model, images, low = _untrained(n, locator_hidden=(64, 64))
+    seen = cfg.proprio_dim + len(cfg.instructions)
+    with torch.no_grad():
+        model.scene_mean[bc_camera.GRASPED] = -10.0  # not held
+        tcp = model.estimate(images, low)[:, 0:2]
+        model.scene_mean[6:8] = tcp.mean(0) + torch.tensor([0.0, 0.5])  # away from every row's gripper
+        feats = model.encoders["third_person"]((images["third_person"] - 0.5) * 4.0)
+        located = model.locate(feats, low[:, cfg.proprio_dim:seen])
+        assert torch.all(torch.linalg.vector_norm(located - tcp, dim=-1) > 3 * bc_camera.OFFSET_NEAR)
+        est = model.estimate(images, low)
+        wrist = model.estimate({**images, "wrist": torch.rand_like(images["wrist"])}, low)
+        moved = model.estimate({**images, "third_person": torch.rand_like(images["third_person"])}, low)
+        other = low.clone()
+        other[:, cfg.proprio_dim:seen] = torch.roll(low[:, cfg.proprio_dim:seen], 1, dims=-1)
+        told = model.estimate(images, other)
+    assert torch.allclose(est[:, 6:8], located, atol=1e-3)  # held: sigmoid(-105) of the way to the gripper
+    assert torch.equal(est[:, 6:8], wrist[:, 6:8])
+    assert not torch.allclose(est[:, 6:8], moved[:, 6:8]) and not torch.allclose(est[:, 6:8], told[:, 6:8])
+
+
+def test_the_locator_is_fitted_on_the_first_frames_holding_out_whole_starts():
+    """fit_locator changes the locator and its normalisation only, fits the block's x, y at each episode's first
+    step from that frame, and holds out starts (one block position and instruction) whole: DAgger rounds replay
+    the demonstrations' starts, and a start on both sides would flatter the validation."""
+    from eval.training.train_bc_camera import Demos, Recipe, fit_locator
+
+    cfg, model, _, _ = _untrained(1, locator_hidden=(64, 64))
+    rng = np.random.default_rng(0)
+    starts, repeats, length = 40, 2, 3
+    xy = rng.uniform(-0.15, 0.15, (starts, 2)).astype(np.float32)
+    side = {name: cfg.image_side(name) for name, _ in cfg.cameras}
+    start_frames = rng.integers(0, 256, (starts, 3, side["third_person"], side["third_person"]), dtype=np.uint8)
+    episodes = np.tile(np.arange(starts), repeats)  # each start recorded twice, as a DAgger round replays it
+    n = len(episodes) * length
+    scene = np.zeros((n, 32), np.float32)
+    scene[:, 6:8] = np.repeat(xy[episodes], length, 0)
+    scene[length - 1::length, 6:8] += 0.05  # a block that moves later in the episode: the first step's is fitted
+    low = np.zeros((n, cfg.low_dim), np.float32)
+    low[:, cfg.proprio_dim] = 1.0
+    demos = Demos(frames={"third_person": np.repeat(start_frames[episodes], length, 0),
+                          "wrist": rng.integers(0, 256, (n, 3, side["wrist"], side["wrist"]), dtype=np.uint8)},
+                  low_dim=low, scene=scene, episode=np.repeat(np.arange(len(episodes)), length),
+                  episodes_used=len(episodes))
+    with torch.no_grad():
+        model.scene_mean[6:8] = torch.as_tensor(xy.mean(0))
+        model.scene_std[6:8] = torch.as_tensor(xy.std(0))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = fit_locator(model, demos, Recipe(config=cfg, locator_batches=300, batch=32), show=False,
+                         log=lambda *_: None)
+    after = model.state_dict()
+    changed = {k for k in after if not torch.equal(before[k], after[k])}
+    assert changed and all(k.startswith("locator") for k in changed), changed
+    assert report["train"]["starts"] + report["validation"]["starts"] == starts
+    assert report["train"]["episodes"] + report["validation"]["episodes"] == starts * repeats
+    assert report["validation"]["episodes"] == repeats * report["validation"]["starts"]  # whole starts
+    # it learns the fitted starts' first-step positions (a spread of 87 mm rms) to a fraction of that
+    assert report["train"]["median_mm"] < 30.0
+
+
+def _saved_untrained(path, **fields):
+    from dataclasses import replace
+
+    torch.manual_seed(0)
+    cfg = replace(bc_camera.BCCameraNetConfig(), **fields)
+    bc_camera.save(bc_camera.build(cfg), cfg, path)
+    return path
+
+
+@pytest.mark.sim
+def test_a_locator_is_fitted_onto_trained_weights_without_one(recorded_demos, tmp_path):
+    """--locator-from W: no epochs; W's network as it is, with a locator fitted on the datasets' first frames."""
+    demos, _ = recorded_demos
+    v11 = _saved_untrained(tmp_path / "v11.safetensors", locator_hidden=())
+    proc = _train("--datasets", str(demos), "--work", str(tmp_path / "work"), "--report-dir", str(tmp_path / "r"),
+                  "--locator-from", str(v11), "--locator-hidden", "64", "64", "--out",
+                  str(tmp_path / "v12.safetensors"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    old, _, _ = bc_camera.load(v11)
+    new, cfg, _ = bc_camera.load(tmp_path / "v12.safetensors")
+    assert cfg.locator_hidden == (64, 64)
+    for name, t in old.state_dict().items():
+        assert torch.equal(new.state_dict()[name], t), name
+    report = json.loads((tmp_path / "r" / "training.json").read_text())
+    from engines.onnx_utils import sha256_file
+    assert report["locator_from"]["sha256"] == sha256_file(v11) and report["history"] == []
+    assert report["locator"]["train"]["episodes"] == 2 and report["locator"]["validation"] is None
+
+
+def test_locator_from_refuses_weights_that_are_missing_or_have_one_and_wants_its_widths(tmp_path):
+    fitted = _saved_untrained(tmp_path / "fitted.safetensors", locator_hidden=(8,))
+    for weights, widths, said in (
+            (tmp_path / "none.safetensors", ["64"], f"--locator-from {tmp_path / 'none.safetensors'} does not "
+                                                    f"exist; give trained bc-camera weights"),
+            (fitted, ["64"], f"--locator-from {fitted} has a locator already; give the weights it was fitted onto"),
+            (fitted, [], "--locator-from fits a locator: give its hidden widths with --locator-hidden")):
+        proc = _train("--datasets", str(tmp_path / "a"), "--work", str(tmp_path / "work"), "--locator-from",
+                      str(weights), *(["--locator-hidden", *widths] if widths else []))
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.strip().splitlines() == [f"error: {said}"]
 
 
 def test_the_diagnosis_measures_how_far_the_blocks_error_follows_the_gripper():

@@ -8,11 +8,12 @@ true, bring bc-state's action on the estimate to its action on the truth.
 The recording keeps every step's true scene features (``observation.environment_state``), which the policy never
 saw. Phases of a step's truth: **far** (block not held, more than 30 mm across from the gripper), **hover** (within
 30 mm across, more than 40 mm below the gripper: where versions 3 to 5 stalled), **low** (within 30 mm, lower) and
-**grasped**. Beside them, how many tries grasp the block, carry it within 15 mm across of its hole and set it
-down there (their true scene says so). The action compared is bc-state's (the network's head) with the step's
-true action history, on the estimate and on the truth, both with the knob's angle to the fingers set "aligned":
-bc-state solves the dev tries with it so (docs/models.md), so a knob read wrong is not counted against the
-estimate.
+**grasped**; and within grasped, **over the hole** (held within 15 mm across of its hole: where a try that gets
+there inserts or runs out of time). Each gives the action's error per action dimension too. Beside them, how many
+tries grasp the block, carry it within 15 mm across of its hole and set it down there (their true scene says
+so). The action compared is bc-state's (the network's head) with the step's true action history, on the estimate
+and on the truth, both with the knob's angle to the fingers set "aligned": bc-state solves the dev tries with it so
+(docs/models.md), so a knob read wrong is not counted against the estimate.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from eval.lerobot.dataset import ACTION_NAMES
 from eval.training.train_bc_camera import GRASPED, TrainingInputError, frame_rows, read_demos
 
 # groups of scene features (eval.training.state_features), each made true in turn
@@ -98,22 +100,31 @@ def diagnose(weights: Path, roots: list[Path], cache: Path, show: bool = True) -
            "steps": int(len(low)),
            "stages": stages(demos.scene, demos.source.astype(np.int64) * 1_000_000 + demos.episode), "phases": {}}
     r = lambda v: round(float(v), 3)  # noqa: E731
+    over = (phase == "grasped") & (np.linalg.norm(demos.scene[:, 19:21], axis=1) < OVER_HOLE_XY)
+
+    def action_errors(m: np.ndarray) -> dict:
+        err = lambda a: np.median(np.linalg.norm(a[m] - a_true[m], axis=1))  # noqa: E731
+        return {"steps": int(m.sum()), "action_error": r(err(a_est)),
+                "action_error_per_dimension": dict(zip(ACTION_NAMES, map(r, np.median(np.abs(a_est[m] - a_true[m]),
+                                                                                        axis=0)))),
+                "action_error_with_true": {g: r(err(a)) for g, a in made_true.items()}}
+
     for name in ("far", "hover", "low", "grasped"):
         m = phase == name
         if not m.any():
             continue
-        err = lambda a: np.median(np.linalg.norm(a[m] - a_true[m], axis=1))  # noqa: E731
         across_est = np.linalg.norm(est[m, 16:18], axis=1) * 1000
         across_true = np.linalg.norm(true[m, 16:18], axis=1) * 1000
         follows = error_follows_gripper(est[m], true[m])
         corr = [np.corrcoef(est[m, k], true[m, k])[0, 1] if m.sum() > 2 else float("nan") for k in (16, 17)]
         out["phases"][name] = {
-            "steps": int(m.sum()), "action_error": r(err(a_est)),
-            "action_error_with_true": {g: r(err(a)) for g, a in made_true.items()},
+            **action_errors(m),
             "block_across_mm": {"estimated": r(np.median(across_est)), "true": r(np.median(across_true)),
                                 "error": r(np.median(np.linalg.norm(est[m, 16:18] - true[m, 16:18], axis=1) * 1000)),
                                 "correlation_x": r(corr[0]), "correlation_y": r(corr[1]),
                                 "follows_gripper_x": r(follows[0]), "follows_gripper_y": r(follows[1])}}
+        if name == "grasped" and over.any():
+            out["phases"][name]["over_the_hole"] = action_errors(over)
     return out
 
 
@@ -144,6 +155,12 @@ def main(argv: list[str] | None = None) -> int:
               f"estimated {b['estimated']} mm, truly {b['true']} mm, error {b['error']} mm, correlation "
               f"{b['correlation_x']} / {b['correlation_y']}, its error following the gripper "
               f"{b['follows_gripper_x']} / {b['follows_gripper_y']}")
+        if "over_the_hole" in ph:
+            o = ph["over_the_hole"]
+            worst = max(o["action_error_per_dimension"].items(), key=lambda kv: kv[1])
+            made = ", ".join(f"{g} {v}" for g, v in o["action_error_with_true"].items())
+            print(f"  over the hole: {o['steps']} steps; action error {o['action_error']}, most in {worst[0]} "
+                  f"({worst[1]}; with true {made})")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")

@@ -32,6 +32,10 @@ The recipe (what ``training.json`` reports):
   reported in their units (block to gripper and block to hole in mm, yaw error in degrees);
 - the frames are decoded once into a uint8 cache (``WORK/frames``), reused by later runs on the same folders.
 
+A **locator** (``--locator-hidden``, off by default: docs/models.md) is fitted after the epochs, on the trained
+third-person encoder's features of each episode's first frame (:func:`fit_locator`); ``--locator-from W`` fits one
+onto weights trained without it, running no epochs.
+
 ``WORK`` holds the run: ``train.json`` (what it trains: the folders' identities, the policy head's and the
 recipe), ``checkpoint.pt`` (written after every epoch, atomically) and ``training.json``. Rerunning the same
 command continues from the last finished epoch; another recipe or other folders into the same ``WORK`` are
@@ -101,6 +105,10 @@ class Recipe:
     # error over 0.02 rad): near a step function of the sign beyond its scale, so where the frames leave the sign
     # uncertain it pulls the estimate to 0, "the block is under the gripper, turned right" (docs/models.md)
     fine_weight: float = 0.0
+    # the locator's fit (:func:`fit_locator`): batches of ``batch`` first frames, AdamW at ``lr``, and its weight
+    # decay (1e-3: v14's folders hold some 700 starts; fitted to 1.2 mm there, it is 12 mm off at held-out ones)
+    locator_batches: int = 3000
+    locator_weight_decay: float = 1e-3
     seed: int = 0
     config: BCCameraNetConfig = field(default_factory=BCCameraNetConfig)
 
@@ -531,6 +539,71 @@ def train(demos: Demos, recipe: Recipe, work: Path, policy: Path, show: bool = T
                             "validation_episodes": int(n_val)}
 
 
+def fit_locator(model, demos: Demos, recipe: Recipe, show: bool = True, log=print) -> dict:
+    """Fit ``model``'s locator (engines.bc_camera, ``locator_hidden``) in place: from the trained encoder's features
+    of each episode's first third-person frame and its instruction to the block's x, y at that step, the rest of
+    the network untouched. Starts (episodes of one block position and instruction: a DAgger round replays the
+    demonstrations' starts) are held out whole, ``VAL_FRACTION`` of them, so the validation error is that at
+    starts the fit never saw; returns the fit's report (errors in mm)."""
+    import torch
+    from tqdm import tqdm
+
+    from engines.bc_camera import BLOCK_XY, LOCATOR_CAMERA
+
+    config = recipe.config
+    seen = config.proprio_dim + len(config.instructions)
+    first = np.flatnonzero(np.r_[True, demos.episode[1:] != demos.episode[:-1]])
+    target = demos.scene[first][:, BLOCK_XY]
+    instruction = demos.low_dim[first, config.proprio_dim:seen]
+    start_of = np.unique(np.c_[np.round(target * 1e4), instruction.argmax(1)], axis=0, return_inverse=True)[1].ravel()
+    rng = np.random.default_rng([recipe.seed, 12])
+    n_starts = int(start_of.max()) + 1
+    val = np.isin(start_of, rng.choice(n_starts, int(round(n_starts * VAL_FRACTION)) if n_starts >= 2 else 0,
+                                       replace=False))
+    model.eval()
+    with torch.no_grad():
+        frames = demos.frames[LOCATOR_CAMERA]
+        feats = torch.cat([model.encoders[LOCATOR_CAMERA]((torch.from_numpy(np.asarray(frames[first[i:i + 512]]))
+                                                           .float() / 255.0 - 0.5) * 4.0)
+                           for i in range(0, len(first), 512)])
+    x = torch.cat([feats, torch.as_tensor(instruction)], -1)
+    y = torch.as_tensor(target)
+    tr = np.flatnonzero(~val)
+    std = x[tr].std(0)
+    model.locator_mean.copy_(x[tr].mean(0))
+    model.locator_std.copy_(torch.where(std > 1e-3, std, torch.ones_like(std)))
+    torch.manual_seed(recipe.seed)
+    for p in model.locator.parameters():  # a refit starts afresh, as a first fit does
+        if p.dim() > 1:
+            torch.nn.init.kaiming_uniform_(p, a=5 ** 0.5)
+        else:
+            torch.nn.init.zeros_(p)
+    opt = torch.optim.AdamW(model.locator.parameters(), lr=recipe.lr, weight_decay=recipe.locator_weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=recipe.locator_batches)
+    draw = np.random.default_rng([recipe.seed, 13])
+    scale = model.scene_std[BLOCK_XY]
+    t0 = time.monotonic()
+    for _ in tqdm(range(recipe.locator_batches), desc="locator", unit="batch", disable=not show):
+        j = torch.as_tensor(draw.choice(tr, recipe.batch))
+        loss = (((model.locate(feats[j], x[j, feats.shape[1]:]) - y[j]) / scale) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    with torch.no_grad():
+        err = np.linalg.norm(model.locate(feats, x[:, feats.shape[1]:]).numpy() - target, axis=1) * 1000.0
+
+    def summary(mask):
+        return {"episodes": int(mask.sum()), "starts": int(len(np.unique(start_of[mask]))),
+                "median_mm": round(float(np.median(err[mask])), 2),
+                "p90_mm": round(float(np.quantile(err[mask], 0.9)), 2)} if mask.any() else None
+    report = {"train": summary(~val), "validation": summary(val), "seconds": round(time.monotonic() - t0, 1)}
+    said = (f"{report['validation']['median_mm']:.1f} mm median, {report['validation']['p90_mm']:.1f} p90 at "
+            f"{report['validation']['starts']} held-out starts" if report["validation"] else "no held-out starts")
+    log(f"locator: block x, y {report['train']['median_mm']:.1f} mm median at the fitted starts, {said}")
+    return report
+
+
 def _medians(errors: dict) -> str:
     """The validation's medians that say whether the policy can act: the block's position before the grasp and,
     grasped, where it is against the hole."""
@@ -553,6 +626,24 @@ def flops_per_query(model, config: BCCameraNetConfig) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = export_onnx(model, config, Path(tmp) / "bc_camera.onnx")
         return int(graph_flops(str(path), dummy_inputs(config))["total"])
+
+
+def _trained_without_locator(path: Path, config: BCCameraNetConfig):
+    """(model, config, metadata) of the trained weights ``--locator-from`` names: one line where there are none,
+    the file is not bc-camera's, or it has a locator already (refit from the file it was fitted on)."""
+    from engines.bc_camera import BadCheckpointError, load
+
+    if not config.locator_hidden:
+        raise TrainingInputError("--locator-from fits a locator: give its hidden widths with --locator-hidden")
+    if not path.is_file():
+        raise TrainingInputError(f"--locator-from {path} does not exist; give trained bc-camera weights")
+    try:
+        model, trained, meta = load(path)
+    except BadCheckpointError as e:
+        raise TrainingInputError(f"--locator-from: {e}") from None
+    if trained.locator_hidden:
+        raise TrainingInputError(f"--locator-from {path} has a locator already; give the weights it was fitted onto")
+    return model, trained, meta
 
 
 def main(argv=None) -> int:
@@ -581,6 +672,12 @@ def main(argv=None) -> int:
                    help="weight of the loss on bc-state's fine-scale copies of the estimate")
     p.add_argument("--grid-channels", type=int, default=defaults.config.grid_channels,
                    help="channels of each camera's flattened coarse feature grid beside the keypoints (0: none)")
+    p.add_argument("--locator-hidden", type=int, nargs="+", metavar="N", default=list(defaults.config.locator_hidden),
+                   help="the locator's hidden widths (engines.bc_camera: the block before the grasp from the third "
+                        "person's first frame and the instruction alone); default none")
+    p.add_argument("--locator-from", metavar="W",
+                   help="no epochs: fit the locator onto trained weights W (one without a locator, network version "
+                        "11) on --datasets, the rest of W as it is")
     p.add_argument("--fresh", action="store_true", help="start the work folder's training again")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
@@ -588,14 +685,20 @@ def main(argv=None) -> int:
         if (args.epochs < 1 or args.batch < 1 or not args.lr > 0 or not np.isfinite(args.lr) or not 0 <= args.shift < 32
                 or not 0 <= args.action_weight < float("inf") or not 0 < args.before_grasp_weight < float("inf")
                 or not 0 <= args.fine_weight < float("inf")
-                or not 0 <= args.grid_channels <= 256):
+                or not 0 <= args.grid_channels <= 256 or not all(1 <= n <= 1024 for n in args.locator_hidden)):
             raise TrainingInputError("--epochs and --batch must be at least 1, --lr a positive number, --shift "
                                      "0 to 31 pixels, --action-weight a number >= 0, --before-grasp-weight > 0, --fine-weight >= 0 "
-                                     "and --grid-channels 0 to 256")
+                                     "and --grid-channels 0 to 256, --locator-hidden widths 1 to 1024")
         policy = Path(args.policy)
         if not policy.is_file():
             raise TrainingInputError(f"--policy {policy} does not exist; give bc-state weights "
                                      f"(python -m eval.training.train_bc makes them)")
+        config = replace(BCCameraNetConfig(), grid_channels=args.grid_channels,
+                         locator_hidden=tuple(args.locator_hidden))
+        fitted_onto = None
+        if args.locator_from:
+            fitted_onto = _trained_without_locator(Path(args.locator_from), config)
+            config = replace(fitted_onto[1], locator_hidden=config.locator_hidden)
         roots = [Path(d) for d in args.datasets]
         weights = tuple(args.dataset_weights or ())
         if weights and (len(weights) != len(roots) or not all(0 < w < float("inf") for w in weights)):
@@ -608,10 +711,14 @@ def main(argv=None) -> int:
             check_dataset(root)
         recipe = Recipe(epochs=args.epochs, batch=args.batch, lr=args.lr, seed=args.seed, shift=args.shift,
                         action_weight=args.action_weight, before_grasp_weight=args.before_grasp_weight,
-                        fine_weight=args.fine_weight, dataset_weights=weights,
-                        config=replace(BCCameraNetConfig(), grid_channels=args.grid_channels))
+                        fine_weight=args.fine_weight, dataset_weights=weights, config=config)
         work = Path(args.work)
         ident = run_identity(roots, recipe, policy)
+        if fitted_onto:
+            from engines.onnx_utils import sha256_file
+
+            ident["locator_from"] = {"path": str(Path(args.locator_from).resolve()),
+                                     "sha256": sha256_file(args.locator_from)}
         ident_path = work / "train.json"
         if ident_path.is_file() and not args.fresh:
             try:
@@ -631,7 +738,14 @@ def main(argv=None) -> int:
         demos = read_demos(roots, recipe.config, work / "frames", show=not args.quiet)
         print(f"{len(demos.low_dim)} steps from {demos.episodes_used} recorded episodes (labels: "
               f"observation.environment_state, every episode)")
-        model, history, split = train(demos, recipe, work, policy, show=not args.quiet)
+        if fitted_onto:
+            model, history, split = build(config), [], {}
+            missing, unexpected = model.load_state_dict(fitted_onto[0].state_dict(), strict=False)
+            if unexpected or not all(k.startswith("locator") for k in missing):  # the code's network, not W's
+                raise TrainingInputError(f"--locator-from {args.locator_from} does not fit this code's network")
+        else:
+            model, history, split = train(demos, recipe, work, policy, show=not args.quiet)
+        locator = fit_locator(model, demos, recipe, show=not args.quiet) if config.locator_hidden else None
     except TrainingInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -641,10 +755,13 @@ def main(argv=None) -> int:
         return 130
     elapsed = time.monotonic() - t0
     out = Path(args.out)
-    save(model, recipe.config, out, extra={"seed": recipe.seed, "epochs": recipe.epochs, "steps": len(demos.low_dim),
-                                           "episodes": demos.episodes_used,
-                                           "datasets": ",".join(d["sha256"][:16] for d in ident["datasets"]),
-                                           "policy_sha256": ident["policy"]["sha256"]})
+    trained_here = {"seed": recipe.seed, "epochs": recipe.epochs, "steps": len(demos.low_dim),
+                    "episodes": demos.episodes_used, "datasets": ",".join(d["sha256"][:16] for d in ident["datasets"]),
+                    "policy_sha256": ident["policy"]["sha256"]}
+    # a fitted locator: the rest is W's training, as W's file says, and W's sha256
+    save(model, recipe.config, out, extra={**{k: fitted_onto[2][k] for k in trained_here if k in fitted_onto[2]},
+                                           "locator_from_sha256": ident["locator_from"]["sha256"]}
+         if fitted_onto else trained_here)
     from eval.records import machine_info
 
     params = sum(int(t.numel()) for t in model.parameters())
@@ -658,7 +775,9 @@ def main(argv=None) -> int:
         "wall_seconds_this_run": round(elapsed, 1),
         "train_seconds_all_epochs": round(sum(h["seconds"] for h in history), 1),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "final": history[-1], "history": history, "machine": machine_info(), "weights": str(out)}
+        "final": history[-1] if history else None, "history": history, "locator": locator,
+        **({"locator_from": ident["locator_from"]} if fitted_onto else {}),
+        "machine": machine_info(), "weights": str(out)}
     rdir = Path(args.report_dir)
     rdir.mkdir(parents=True, exist_ok=True)
     (rdir / "training.json").write_text(json.dumps(report, indent=1) + "\n")
