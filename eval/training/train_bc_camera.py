@@ -291,11 +291,16 @@ def read_demos(roots: list[Path], config: BCCameraNetConfig, cache: Path, show: 
                  source=np.concatenate([np.full(p[1] - p[0], p[5]) for p in parts]))
 
 
+def episode_starts(demos: Demos) -> np.ndarray:
+    """The rows of ``demos`` that begin an episode (its steps are in order, an episode's together)."""
+    return np.flatnonzero(np.r_[True, demos.episode[1:] != demos.episode[:-1]])
+
+
 def frame_rows(demos: Demos, config: BCCameraNetConfig) -> dict[str, np.ndarray]:
     """For each camera, the row of ``demos.frames`` the network reads at each step: the step's own, or its
     episode's first step's for ``config.first_frame_cameras`` (what the policy keeps from a try's first step)."""
     steps = np.arange(len(demos.episode))
-    starts = np.flatnonzero(np.r_[True, demos.episode[1:] != demos.episode[:-1]])
+    starts = episode_starts(demos)
     first = starts[np.searchsorted(starts, steps, side="right") - 1]
     return {c: first if c in config.first_frame_cameras else steps for c, _ in config.cameras}
 
@@ -437,7 +442,8 @@ def train(demos: Demos, recipe: Recipe, work: Path, policy: Path, show: bool = T
         log(f"resuming {work} after epoch {start} of {recipe.epochs}")
 
     grasped = demos.scene[:, GRASPED] > 0.5
-    first = np.r_[True, demos.episode[1:] != demos.episode[:-1]]
+    first = np.zeros(len(demos.episode), bool)
+    first[episode_starts(demos)] = True
     # a median over every step hides the phase that fails: most steps carry a grasped block, which the wrist
     # camera sees large; the steps before the grasp must find the block in the frames
     phases = {"start": first, "before_grasp": ~grasped, "grasped": grasped}
@@ -552,7 +558,7 @@ def fit_locator(model, demos: Demos, recipe: Recipe, show: bool = True, log=prin
 
     config = recipe.config
     seen = config.proprio_dim + len(config.instructions)
-    first = np.flatnonzero(np.r_[True, demos.episode[1:] != demos.episode[:-1]])
+    first = episode_starts(demos)
     target = demos.scene[first][:, BLOCK_XY]
     instruction = demos.low_dim[first, config.proprio_dim:seen]
     start_of = np.unique(np.c_[np.round(target * 1e4), instruction.argmax(1)], axis=0, return_inverse=True)[1].ravel()
