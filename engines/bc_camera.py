@@ -60,7 +60,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.bc_mlp import HISTORY_DIM, SCENE_DIM, BCConfig
+from engines.bc_mlp import HISTORY_DIM, SCENE_DIM, BCConfig, mlp
 from engines.bc_mlp import build as build_policy_head
 from engines.panda_kinematics import gripper_module
 from engines.weights_file import BadCheckpointError, load_checked, read_checkpoint, write_checkpoint
@@ -318,32 +318,21 @@ def build(config: BCCameraNetConfig):
                                            for name, _ in config.cameras})
             dims = (sum(features_of(name) for name, _ in config.cameras) + len(config.instructions)
                     + (len(GRIPPER_FEATURES) if config.estimator_reads_gripper else 0), *config.hidden)
-            layers: list[nn.Module] = []
-            for a, b in zip(dims[:-1], dims[1:]):
-                layers += [nn.Linear(a, b), nn.GELU()]
-            layers.append(nn.Linear(dims[-1], len(FREE_FEATURES)))
-            self.estimator = nn.Sequential(*layers)
+            self.estimator = mlp(dims, len(FREE_FEATURES))
             # the knob's angle to the fingers from the wrist camera alone: it turns with the fingers, so its frames
             # show that angle as it is; given the arm's pose, version 4's estimator read the closing angle and
             # put the block aligned with it where the demonstrations always are (docs/models.md)
-            self.knob = nn.Sequential(nn.Linear(features_of("wrist"), KNOB_HIDDEN), nn.GELU(),
-                                      nn.Linear(KNOB_HIDDEN, 2))
+            self.knob = mlp((features_of("wrist"), KNOB_HIDDEN), 2)
             # x, y: the block's offset across from the gripper along the hand's axes; z: the grasp's depth on the
             # knob when held
-            self.offset = nn.Sequential(nn.Linear(features_of("wrist"), KNOB_HIDDEN), nn.GELU(),
-                                        nn.Linear(KNOB_HIDDEN, 3))
-            self.hole_offset = nn.Sequential(nn.Linear(features_of("wrist"), KNOB_HIDDEN), nn.GELU(),
-                                             nn.Linear(KNOB_HIDDEN, 2))
+            self.offset = mlp((features_of("wrist"), KNOB_HIDDEN), 3)
+            self.hole_offset = mlp((features_of("wrist"), KNOB_HIDDEN), 2)
             # cos, sin of 3 x (closing angle - block yaw): a held triangle's turn in the fingers, which the knob's
             # quarter-turn symmetry does not say
-            self.triangle_turn = nn.Sequential(nn.Linear(features_of("wrist"), KNOB_HIDDEN), nn.GELU(),
-                                               nn.Linear(KNOB_HIDDEN, 2))
+            self.triangle_turn = mlp((features_of("wrist"), KNOB_HIDDEN), 2)
             if config.locator_hidden:
                 dims = (features_of(LOCATOR_CAMERA) + len(config.instructions), *config.locator_hidden)
-                layers = []
-                for a, b in zip(dims[:-1], dims[1:]):
-                    layers += [nn.Linear(a, b), nn.GELU()]
-                self.locator = nn.Sequential(*layers, nn.Linear(dims[-1], 2))
+                self.locator = mlp(dims, 2)
                 # its input's normalisation (the features and the one-hot), set by the fit
                 self.register_buffer("locator_mean", torch.zeros(dims[0]))
                 self.register_buffer("locator_std", torch.ones(dims[0]))

@@ -33,6 +33,17 @@ class BCConfig:
     fine: tuple[tuple[int, int, float], ...] = ((16, 22, 0.004), (29, 32, 0.02))
 
 
+def mlp(dims, out: int):
+    """Linear layers through ``dims`` (input width, then each hidden width), GELU after each, then a Linear to
+    ``out``: the shape of every MLP in bc-state's and bc-camera's networks."""
+    from torch import nn
+
+    layers: list[nn.Module] = []
+    for a, b in zip(dims[:-1], dims[1:]):
+        layers += [nn.Linear(a, b), nn.GELU()]
+    return nn.Sequential(*layers, nn.Linear(dims[-1], out))
+
+
 def build(config: BCConfig):
     import torch
     from torch import nn
@@ -41,11 +52,7 @@ def build(config: BCConfig):
         def __init__(self):
             super().__init__()
             dims = (config.state_dim + sum(hi - lo for lo, hi, _ in config.fine), *config.hidden)
-            layers: list[nn.Module] = []
-            for a, b in zip(dims[:-1], dims[1:]):
-                layers += [nn.Linear(a, b), nn.GELU()]
-            layers.append(nn.Linear(dims[-1], config.action_dim))
-            self.net = nn.Sequential(*layers)
+            self.net = mlp(dims, config.action_dim)
             self.register_buffer("obs_mean", torch.zeros(config.state_dim))
             self.register_buffer("obs_std", torch.ones(config.state_dim))
 

@@ -45,10 +45,15 @@ def phases(scene: np.ndarray) -> np.ndarray:
     return np.where(held, "grasped", np.where(across > HOVER_XY, "far", np.where(below > HOVER_DZ, "hover", "low")))
 
 
+def over_the_hole(scene: np.ndarray) -> np.ndarray:
+    """The steps whose true scene holds the block within OVER_HOLE_XY across of its hole."""
+    return (scene[:, GRASPED] > 0.5) & (np.linalg.norm(scene[:, 19:21], axis=1) < OVER_HOLE_XY)
+
+
 def stages(scene: np.ndarray, tries: np.ndarray) -> dict:
     """How many tries (``tries``: one id a step) reached each stage, from their true scene features."""
     held = scene[:, GRASPED] > 0.5
-    over = held & (np.linalg.norm(scene[:, 19:21], axis=1) < OVER_HOLE_XY)
+    over = over_the_hole(scene)
     down = over & (scene[:, 21] > -DOWN_DZ)
     ids = np.unique(tries)
     return {"tries": int(len(ids)), **{name: int(sum(m[tries == t].any() for t in ids))
@@ -100,7 +105,7 @@ def diagnose(weights: Path, roots: list[Path], cache: Path, show: bool = True) -
            "steps": int(len(low)),
            "stages": stages(demos.scene, demos.source.astype(np.int64) * 1_000_000 + demos.episode), "phases": {}}
     r = lambda v: round(float(v), 3)  # noqa: E731
-    over = (phase == "grasped") & (np.linalg.norm(demos.scene[:, 19:21], axis=1) < OVER_HOLE_XY)
+    over = over_the_hole(demos.scene)
 
     def action_errors(m: np.ndarray) -> dict:
         err = lambda a: np.median(np.linalg.norm(a[m] - a_true[m], axis=1))  # noqa: E731
