@@ -41,9 +41,13 @@ The graph (``BCCameraNetConfig``; its FLOPs in ``flops_per_query`` of eval.train
   joints, and closed loop put the block at the gripper when the gripper came over it 120 mm up (docs/models.md). The
   estimator is trained on a recording's ``observation.environment_state``, which the policy never observes
   (privileged supervision at training time only);
-- the **policy head**: bc-state's MLP (engines.bc_mlp, its weights copied in and frozen) on the estimate and the
-  8 action-history numbers (eval.training.state_features.ActionHistory), to the action. It reads the last
-  action sent, as bc-state does; the estimator does not (a network that sees it learns to copy it).
+- the **policy head**: bc-state's MLP (engines.bc_mlp, its weights copied in and frozen while the estimator
+  trains) on the estimate and the 8 action-history numbers (eval.training.state_features.ActionHistory), to the
+  action. It reads the last action sent, as bc-state does; the estimator does not (a network that sees it learns
+  to copy it). The head may then be tuned on the trained estimator's own estimates, against bc-state's action on
+  the truth (eval.training.train_bc_camera.tune_head, ``--head-epochs``): bc-state on an estimate kept turning a
+  held block that was aligned, acting on a yaw error the estimate had wrong by a degree (docs/models.md). The
+  tuned head has bc-state's shape; the graph and the file's format are unchanged.
 
 The output keeps the runners' chunk axis: actions (N, 1, 7). Weights, the normalisation and the configuration
 (the head's too) live in one safetensors file; a file that does not match the code fails in one line naming

@@ -400,11 +400,11 @@ INT8_REFUSED = {
                 "p50; Intel Xeon, 2026-12-05, results/benchmarks/octo_precision.json; 12/35 and 3.5x slower in the "
                 "run of 2026-12-02, whose ranges came from the last 38 states only), a 0.3 MB MLP that int8 makes "
                 "worse and slower: use fp32",
-    "bc-camera": "bc-camera does not run at int8: its Q/DQ graph (ranges over 1,021 of its own dev queries) was 1.66x "
-                 "slower than fp32 at batch 1 on ONNX Runtime (1.58 vs 0.95 ms p50, one thread) and its first "
-                 "action on 830 other dev queries was up to 1.07 off (dyaw; dz 0.82), with 32 gripper commands "
-                 "flipped (v14's weights; AMD EPYC, 2026-12-07, results/benchmarks/bc_camera_int8.json; v12's: "
-                 "1.63x, 20 flipped): use fp32 (ort) or fp16/fp32 (trt)",
+    "bc-camera": "bc-camera does not run at int8: its Q/DQ graph (ranges over 997 of its own dev queries) was 1.64x "
+                 "slower than fp32 at batch 1 on ONNX Runtime (1.62 vs 0.99 ms p50, one thread) and its first "
+                 "action on 776 other dev queries was up to 0.96 off in yaw (dz 0.52), with 41 gripper commands "
+                 "flipped (v15's weights; AMD EPYC, 2026-12-07, results/benchmarks/bc_camera_int8.json; v14's: "
+                 "1.66x, 32 of 830 flipped): use fp32 (ort) or fp16/fp32 (trt)",
 }
 
 

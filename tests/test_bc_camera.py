@@ -333,7 +333,7 @@ def test_the_diagnosis_reports_each_phase_of_a_recording(trained, recorded_demos
     assert 1 <= over["steps"] < report["phases"]["grasped"]["steps"]
     assert list(over["action_error_per_dimension"]) == ["dx", "dy", "dz", "droll", "dpitch", "dyaw", "gripper"]
     assert set(over["action_error_with_true"]) == set(report["phases"]["far"]["action_error_with_true"])
-    assert len(report["weights_sha256"]) == 64
+    assert len(report["weights_sha256"]) == 64 and report["policy_sha256"] == bc_state_sha256()
     missing = subprocess.run([sys.executable, "-m", "eval.training.diagnose_bc_camera", "--weights",
                               str(tmp_path / "none.safetensors"), "--datasets", str(demos)], cwd=REPO_ROOT,
                              capture_output=True, text=True, timeout=600)
@@ -680,6 +680,75 @@ def test_locator_from_refuses_weights_that_are_missing_or_have_one_and_wants_its
                       str(weights), *(["--locator-hidden", *widths] if widths else []))
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stderr.strip().splitlines() == [f"error: {said}"]
+
+
+def test_the_policy_head_is_tuned_on_the_networks_own_estimates_against_bc_state_on_the_truth():
+    """tune_head changes the policy head only, and its action on the (untrained) estimator's estimate comes nearer
+    bc-state's on the true scene; steps whose block lies on its side are left out, as in the training."""
+    from dataclasses import replace
+
+    from eval.training.train_bc_camera import TOPPLED_TILT, Demos, Recipe, tune_head
+
+    cfg, model, _, _ = _untrained(1)
+    rng = np.random.default_rng(0)
+    n, toppled = 256, 6
+    side = {name: cfg.image_side(name) for name, _ in cfg.cameras}
+    scene = rng.normal(0, 0.05, (n, 32)).astype(np.float32)
+    scene[:toppled, 22] = TOPPLED_TILT + 0.1
+    low = rng.uniform(-1, 1, (n, cfg.low_dim)).astype(np.float32)
+    demos = Demos(frames={c: rng.integers(0, 256, (n, 3, side[c], side[c]), dtype=np.uint8) for c in side},
+                  low_dim=low, scene=scene, episode=np.repeat(np.arange(n // 8), 8), episodes_used=n // 8)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    recipe = replace(Recipe(config=cfg), head_epochs=20, head_batch=64, head_lr=3e-3)
+    report = tune_head(model, demos, recipe, bc_mlp.DEFAULT_WEIGHTS, show=False, log=lambda *_: None)
+    after = model.state_dict()
+    changed = {k for k in after if not torch.equal(before[k], after[k])}
+    assert changed and all(k.startswith("policy.") for k in changed), changed
+    assert not any(p.requires_grad for p in model.policy.parameters())  # frozen again, as built
+    assert report["steps"] == n - toppled and report["batches"] == 20 * ((n - toppled) // 64)
+    on_est = report["action_error_on_the_estimate"]
+    assert on_est["tuned"]["all"] < on_est["bc_state"]["all"]
+    assert on_est["bc_state"]["over_the_hole"] is None  # no step holds a block over its hole
+
+
+@pytest.mark.sim
+def test_a_policy_head_is_tuned_onto_trained_weights_and_not_twice(recorded_demos, tmp_path):
+    """--head-from W: no epochs; W's network as it is but its policy head, tuned; the file says so, and a second
+    tuning from it is refused."""
+    demos, _ = recorded_demos
+    trained = _saved_untrained(tmp_path / "w.safetensors")
+    args = ["--datasets", str(demos), "--work", str(tmp_path / "work"), "--report-dir", str(tmp_path / "r"),
+            "--head-epochs", "1"]
+    proc = _train(*args, "--head-from", str(trained), "--out", str(tmp_path / "tuned.safetensors"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    old, _, _ = bc_camera.load(trained)
+    new, _, meta = bc_camera.load(tmp_path / "tuned.safetensors")
+    differ = {k for k, t in old.state_dict().items() if not torch.equal(new.state_dict()[k], t)}
+    assert differ and all(k.startswith("policy.") for k in differ), differ
+    from engines.onnx_utils import sha256_file
+    report = json.loads((tmp_path / "r" / "training.json").read_text())
+    assert report["head_from"]["sha256"] == sha256_file(trained) == meta["head_from_sha256"]
+    assert report["history"] == [] and meta["head_epochs"] == "1"
+    assert report["policy_head_tuning"]["steps"] == report["steps"] > 0
+    again = _train(*args, "--fresh", "--head-from", str(tmp_path / "tuned.safetensors"))
+    assert again.returncode == 2 and again.stderr.strip().splitlines() == [
+        f"error: --head-from {tmp_path / 'tuned.safetensors'} has a tuned policy head already; give the weights it "
+        f"was tuned onto"]
+
+
+def test_head_from_refuses_missing_weights_and_wants_its_epochs_and_one_part_at_a_time(tmp_path):
+    trained = _saved_untrained(tmp_path / "w.safetensors")
+    for args, said in (
+            (["--head-from", str(tmp_path / "none.safetensors"), "--head-epochs", "1"],
+             f"--head-from {tmp_path / 'none.safetensors'} does not exist; give trained bc-camera weights"),
+            (["--head-from", str(trained)], "--head-from tunes the policy head: give its epochs with --head-epochs"),
+            (["--head-from", str(trained), "--head-epochs", "1", "--locator-from", str(trained), "--locator-hidden",
+              "8"], "--locator-from and --head-from each fit one part onto trained weights; give one (fit the other "
+                    "onto its output)"),
+            (["--head-epochs", "-1"], None)):
+        proc = _train("--datasets", str(tmp_path / "a"), "--work", str(tmp_path / "work"), *args)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and (said is None or proc.stderr.strip() == f"error: {said}")
 
 
 def test_the_diagnosis_measures_how_far_the_blocks_error_follows_the_gripper():

@@ -11,9 +11,10 @@ saw. Phases of a step's truth: **far** (block not held, more than 30 mm across f
 **grasped**; and within grasped, **over the hole** (held within 15 mm across of its hole: where a try that gets
 there inserts or runs out of time). Each gives the action's error per action dimension too. Beside them, how many
 tries grasp the block, carry it within 15 mm across of its hole and set it down there (their true scene says
-so). The action compared is bc-state's (the network's head) with the step's true action history, on the estimate
-and on the truth, both with the knob's angle to the fingers set "aligned": bc-state solves the dev tries with it so
-(docs/models.md), so a knob read wrong is not counted against the estimate.
+so). The actions compared, with the step's true action history: the network's head on the estimate against
+bc-state's (``--policy``, the head's teacher: its weights, or those a tuned head was tuned against) on the truth,
+both with the knob's angle to the fingers set "aligned": bc-state solves the dev tries with it so (docs/models.md),
+so a knob read wrong is not counted against the estimate.
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
+from engines.bc_mlp import DEFAULT_WEIGHTS as BC_STATE_WEIGHTS
+from engines.bc_mlp import HISTORY_DIM
 from eval.lerobot.dataset import ACTION_NAMES
-from eval.training.train_bc_camera import GRASPED, TrainingInputError, frame_rows, read_demos
+from eval.training.train_bc_camera import (GRASPED, OVER_HOLE_XY, TrainingInputError, estimates, over_the_hole,
+                                           read_demos)
 
 # groups of scene features (eval.training.state_features), each made true in turn
 GROUPS = {"block_across": [6, 7, 16, 17], "block_height": [8, 18], "block_yaw": [9, 10, 31],
@@ -35,7 +39,7 @@ KNOB = [11, 12]
 HOVER_XY, HOVER_DZ = 0.03, 0.04  # m
 # how far a try got, from its true scene: the block held; held within OVER_HOLE_XY across of its hole; and there
 # with its bottom within DOWN_DZ of the plate's top (set down on the plate, or in the hole)
-OVER_HOLE_XY, DOWN_DZ = 0.015, 0.005  # m
+DOWN_DZ = 0.005  # m
 
 
 def phases(scene: np.ndarray) -> np.ndarray:
@@ -43,11 +47,6 @@ def phases(scene: np.ndarray) -> np.ndarray:
     below = -scene[:, 18]
     held = scene[:, GRASPED] > 0.5
     return np.where(held, "grasped", np.where(across > HOVER_XY, "far", np.where(below > HOVER_DZ, "hover", "low")))
-
-
-def over_the_hole(scene: np.ndarray) -> np.ndarray:
-    """The steps whose true scene holds the block within OVER_HOLE_XY across of its hole."""
-    return (scene[:, GRASPED] > 0.5) & (np.linalg.norm(scene[:, 19:21], axis=1) < OVER_HOLE_XY)
 
 
 def stages(scene: np.ndarray, tries: np.ndarray) -> dict:
@@ -73,20 +72,16 @@ def error_follows_gripper(est: np.ndarray, true: np.ndarray) -> tuple[float, flo
                  for k in (0, 1))
 
 
-def diagnose(weights: Path, roots: list[Path], cache: Path, show: bool = True) -> dict:
+def diagnose(weights: Path, roots: list[Path], cache: Path, show: bool = True, policy: Path = BC_STATE_WEIGHTS) -> dict:
     import torch
 
-    from engines import bc_camera
+    from engines import bc_camera, bc_mlp
     from engines.onnx_utils import sha256_file
 
     model, config, _ = bc_camera.load(weights)
     demos = read_demos(roots, config, cache, show=show)
-    rows = frame_rows(demos, config)  # what the policy feeds at each step
     low = torch.as_tensor(demos.low_dim)
-    with torch.no_grad():
-        est = torch.cat([model.estimate({c: torch.from_numpy(np.ascontiguousarray(demos.frames[c][rows[c][i:i + 1024]]))
-                                         .float() / 255.0 for c in demos.frames}, low[i:i + 1024])
-                         for i in range(0, len(low), 1024)]).numpy()
+    est = estimates(model, demos, config)
     true = demos.scene.copy()
     est[:, KNOB], true[:, KNOB] = (1.0, 0.0), (1.0, 0.0)
 
@@ -94,14 +89,18 @@ def diagnose(weights: Path, roots: list[Path], cache: Path, show: bool = True) -
         with torch.no_grad():
             return model.act(torch.as_tensor(scene, dtype=torch.float32), low).numpy()
 
-    a_true, a_est = act(true), act(est)
+    teacher = bc_mlp.load(policy)[0]
+    with torch.no_grad():
+        a_true = teacher(torch.cat([torch.as_tensor(true, dtype=torch.float32), low[:, -HISTORY_DIM:]], -1)).numpy()
+    a_est = act(est)
     made_true = {}
     for name, idx in GROUPS.items():
         s = est.copy()
         s[:, idx] = true[:, idx]
         made_true[name] = act(s)
     phase = phases(demos.scene)
-    out = {"weights": str(weights), "weights_sha256": sha256_file(weights), "datasets": [str(r) for r in roots],
+    out = {"weights": str(weights), "weights_sha256": sha256_file(weights), "policy_sha256": sha256_file(policy),
+           "datasets": [str(r) for r in roots],
            "steps": int(len(low)),
            "stages": stages(demos.scene, demos.source.astype(np.int64) * 1_000_000 + demos.episode), "phases": {}}
     r = lambda v: round(float(v), 3)  # noqa: E731
@@ -138,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", required=True, help="bc-camera weights (safetensors)")
     p.add_argument("--datasets", required=True, nargs="+", metavar="DIR",
                    help="recordings of its own tries (python -m eval.record --model bc-camera --checkpoint W)")
+    p.add_argument("--policy", default=str(BC_STATE_WEIGHTS), metavar="W",
+                   help="the bc-state weights whose action on the truth the network's is measured against")
     p.add_argument("--cache", default="build/diagnose_bc_camera/frames", help="decoded frames")
     p.add_argument("--out", help="write the report here (JSON)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -145,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     from engines.weights_file import BadCheckpointError
 
     try:
-        report = diagnose(Path(args.weights), [Path(d) for d in args.datasets], Path(args.cache), not args.quiet)
+        report = diagnose(Path(args.weights), [Path(d) for d in args.datasets], Path(args.cache), not args.quiet,
+                          Path(args.policy))
     except (TrainingInputError, BadCheckpointError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
