@@ -477,12 +477,9 @@ def train(demos: Demos, recipe: Recipe, work: Path, policy: Path, show: bool = T
         model.scene_std.copy_(torch.where(std > 1e-3, std, torch.ones_like(std)))
     loss_fn = _Loss(model, config, recipe.action_weight, recipe.fine_weight)
     if recipe.keep_far_block and init is None:
-        raise TrainingInputError("keeping the far block's estimate needs the network it is W's: give --init-from W")
-    kept = build(config) if recipe.keep_far_block else None  # W, frozen: the far block's teacher
-    if kept is not None:
-        kept.load_state_dict(init.state_dict())
-        kept.eval()
-        kept.requires_grad_(False)
+        raise TrainingInputError("--keep-far-block keeps W's estimate of the far block: give --init-from W")
+    # the far block's teacher: W as loaded, in eval mode (the network trained is a copy of it)
+    kept = init if recipe.keep_far_block else None
     frames = {c: torch.from_numpy(np.ascontiguousarray(demos.frames[c])) for c, _ in config.cameras}
     frame_row = {c: torch.as_tensor(r) for c, r in frame_rows(demos, config).items()}
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -544,6 +541,7 @@ def train(demos: Demos, recipe: Recipe, work: Path, policy: Path, show: bool = T
         history.append({"epoch": 0, "train_loss": None, "validation": evaluate(va), "seconds": 0.0})
         log(f"before the epochs (--init-from): validation loss {history[0]['validation']['loss']:.5f}; "
             f"{_medians(history[0]['validation']['errors'])}")
+
     def far_block_kept(teacher, j):
         return far_block_target(teacher, scene[j], lambda far: (
             {c: frames[c][frame_row[c][j[far]]].float() / 255.0 for c in frames}, low[j[far]]))
@@ -793,7 +791,7 @@ def _trained_onto(flag: str, path: Path, config: BCCameraNetConfig, head_epochs:
     from engines.bc_camera import BadCheckpointError, load
 
     locator = flag == "--locator-from"
-    if flag != "--init-from" and locator and not config.locator_hidden:
+    if locator and not config.locator_hidden:
         raise TrainingInputError("--locator-from fits a locator: give its hidden widths with --locator-hidden")
     if flag == "--head-from" and head_epochs < 1:
         raise TrainingInputError("--head-from tunes the policy head: give its epochs with --head-epochs")
