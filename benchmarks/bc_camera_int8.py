@@ -41,8 +41,15 @@ def _session(path, threads: int = 1):
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-def _rows(arrays: dict, i: int) -> dict[str, np.ndarray]:
-    return {k: arrays[k][i:i + 1] for k in ("third_person", "wrist", "low_dim")}
+def _graph_inputs() -> tuple[str, ...]:
+    """The shipped network's graph inputs (version 13 adds ``wrist_first``), read from its weights file."""
+    from engines.bc_camera import DEFAULT_WEIGHTS, load
+
+    return load(DEFAULT_WEIGHTS)[1].input_names
+
+
+def _rows(arrays: dict, i: int, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    return {k: arrays[k][i:i + 1] for k in names}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -62,10 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     mach = machine()
     calib = record_bc_camera_queries(CALIB_TRIES, quick=args.quick, progress=show)
     parity = record_bc_camera_queries(PARITY_TRIES, quick=args.quick, progress=show)
-    feeds = {k: calib[k] for k in ("third_person", "wrist", "low_dim")}
+    names = _graph_inputs()
+    feeds = {k: calib[k] for k in names}
     n_calib = len(calib["low_dim"])
     calibration = Calibration(name=f"bc-camera dev queries of {len(CALIB_TRIES)} tries", sha256=arrays_sha256(feeds),
-                              feeds=lambda: (_rows(calib, i) for i in range(n_calib)), samples=n_calib)
+                              feeds=lambda: (_rows(calib, i, names) for i in range(n_calib)), samples=n_calib)
     out_dir = (ROOT / "runs" / "benchmarks") if args.quick else (ROOT / "runs" / NAME)
     t0 = time.monotonic()
     int8 = int8_graph(fp32, calibration, weights_digest=entry["weights"]["sha256"],
@@ -73,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quantize_s = time.monotonic() - t0
     sessions = {"fp32": _session(fp32), "int8": _session(int8)}
     n = len(parity["low_dim"])
-    first = {name: np.concatenate([s.run(["actions"], _rows(parity, i))[0][:, 0] for i in range(n)])
+    first = {name: np.concatenate([s.run(["actions"], _rows(parity, i, names))[0][:, 0] for i in range(n)])
              for name, s in sessions.items()}
     ref = first["fp32"]
     d = np.abs(first["int8"] - ref)
@@ -86,11 +94,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = 2 if args.quick else ROUNDS
     for name, s in sessions.items():  # warm-up
         for i in range(3):
-            s.run(["actions"], _rows(parity, i % n))
+            s.run(["actions"], _rows(parity, i % n, names))
     for r in range(rounds):
         for name, s in sessions.items():
             for k in range(PER_ROUND):
-                row = _rows(parity, (r * PER_ROUND + k) % n)
+                row = _rows(parity, (r * PER_ROUND + k) % n, names)
                 t = time.perf_counter()
                 s.run(["actions"], row)
                 times[name].append((time.perf_counter() - t) * 1e3)

@@ -37,10 +37,15 @@ The graph (``BCCameraNetConfig``; its FLOPs in ``flops_per_query`` of eval.train
   away from the gripper, with a **locator**, an MLP of its own on that first frame's features and the instruction
   alone (``locator_hidden``, off by default: fitted onto v14 it inserted fewer blocks, docs/models.md): the
   estimator, which also reads the wrist camera, still moved its block with the gripper (v14's own tries at new
-  starts: by 0.60 in x, 0.92 in y). Version 3's MLP estimated all 32 apart, from the raw
-  joints, and closed loop put the block at the gripper when the gripper came over it 120 mm up (docs/models.md). The
-  estimator is trained on a recording's ``observation.environment_state``, which the policy never observes
-  (privileged supervision at training time only);
+  starts: by 0.60 in x, 0.92 in y). Version 13 reads the block away from the gripper as the estimator read it at
+  the try's first step, from every camera's first frame (``far_block_first_frame``; the wrist's first frame enters
+  as ``wrist_first``, kept by the policy as the third person's is): what the wrist camera shows later no longer
+  moves it. On v15's weights (off in the shipped file) it inserted no more blocks at new starts; a try whose block
+  it placed within 25 mm at the first step inserted it 31 times in 75, one placed further off 2 in 45
+  (docs/models.md). With a locator, version 13's reads both cameras' first frames. Version 3's MLP estimated all
+  32 apart, from the raw joints, and closed loop put the block at the gripper when the gripper came over it 120 mm
+  up (docs/models.md). The estimator is trained on a recording's ``observation.environment_state``, which the
+  policy never observes (privileged supervision at training time only);
 - the **policy head**: bc-state's MLP (engines.bc_mlp, its weights copied in and frozen while the estimator
   trains) on the estimate and the 8 action-history numbers (eval.training.state_features.ActionHistory), to the
   action. It reads the last action sent, as bc-state does; the estimator does not (a network that sees it learns
@@ -75,6 +80,7 @@ from env.instructions import all_instructions
 FORMAT = "shape-assembly-bench/bc-camera/10"
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "bc_camera.safetensors"
 INPUT_NAMES = ("third_person", "wrist", "low_dim")
+FIRST_SUFFIX = "_first"  # a camera's frame at the try's first step, as an input of its own (far_block_first_frame)
 ARM_JOINTS = 7  # of the proprioception: the Panda's arm joints, then its 2 fingers
 # scene features (eval.training.state_features) read from the joints by forward kinematics: tcp_p, grip_cs,
 # opening, tcp_tilt
@@ -157,6 +163,13 @@ class BCCameraNetConfig:
     # against v14's 5 and spent longer far from the block: where the locator is a few cm off, the wrist head
     # takes over and reads the block under the gripper (docs/models.md)
     locator_hidden: tuple[int, ...] = ()
+    # the block's x, y away from the gripper as the estimator read it at the try's first step, from every camera's
+    # first frame (version 13; the cameras not in first_frame_cameras enter again as ``<camera>_first`` inputs, the
+    # frame the policy kept): the same estimator, so nothing is fitted. Read from the step's wrist frame, v15's
+    # estimate of a block far from the gripper still followed the gripper (by 0.69 in x, 0.99 in y on its own tries
+    # at new starts, docs/models.md); at the first step the arm is at its home pose in every try. False (the
+    # default, and files written before the field): the step's estimate
+    far_block_first_frame: bool = False
     action_dim: int = 7
     # bc-state's network (engines.bc_mlp.BCConfig) as the policy head
     policy: BCConfig = field(default_factory=BCConfig)
@@ -189,6 +202,27 @@ class BCCameraNetConfig:
         if self.locator_hidden and LOCATOR_CAMERA not in self.first_frame_cameras:
             raise ValueError(f"the locator reads the {LOCATOR_CAMERA} camera's first frame; add it to "
                              f"first_frame_cameras or set locator_hidden to ()")
+        if self.far_block_first_frame and self.estimator_reads_gripper:
+            raise ValueError("the first step's estimate reads the frames and the instruction alone: "
+                             "far_block_first_frame needs estimator_reads_gripper False")
+
+    @property
+    def locator_cameras(self) -> tuple[str, ...]:
+        """The cameras whose first frame the locator reads: every camera's with ``far_block_first_frame``
+        (version 13), else the third person's (version 12)."""
+        return tuple(n for n, _ in self.cameras) if self.far_block_first_frame else (LOCATOR_CAMERA,)
+
+    @property
+    def first_inputs(self) -> tuple[str, ...]:
+        """The cameras that enter a second time, as their frame at the try's first step (``<camera>_first``)."""
+        if not self.far_block_first_frame:
+            return ()
+        return tuple(n for n, _ in self.cameras if n not in self.first_frame_cameras)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """The graph's inputs, in order: INPUT_NAMES, then ``<camera>_first`` for each of ``first_inputs``."""
+        return INPUT_NAMES + tuple(n + FIRST_SUFFIX for n in self.first_inputs)
 
 
 def instruction_one_hot(instruction: str, config: BCCameraNetConfig) -> np.ndarray:
@@ -335,7 +369,8 @@ def build(config: BCCameraNetConfig):
             # quarter-turn symmetry does not say
             self.triangle_turn = mlp((features_of("wrist"), KNOB_HIDDEN), 2)
             if config.locator_hidden:
-                dims = (features_of(LOCATOR_CAMERA) + len(config.instructions), *config.locator_hidden)
+                dims = (sum(features_of(name) for name in config.locator_cameras) + len(config.instructions),
+                        *config.locator_hidden)
                 self.locator = mlp(dims, 2)
                 # its input's normalisation (the features and the one-hot), set by the fit
                 self.register_buffer("locator_mean", torch.zeros(dims[0]))
@@ -349,7 +384,8 @@ def build(config: BCCameraNetConfig):
             self.gripper = gripper_module((*arm.base_xy, 0.0))
 
         def locate(self, features, instruction):
-            """The locator's block x, y (N, 2), m, from the locator camera's encoder features and the instruction's
+            """The locator's block x, y (N, 2), m, from its cameras' first-frame encoder features (concatenated in
+            ``config.locator_cameras``' order) and the instruction's
             one-hot (the raw ``low_dim`` columns)."""
             x = (torch.cat([features, instruction], -1) - self.locator_mean) / self.locator_std
             return self.locator(x) * self.scene_std[BLOCK_XY] + self.scene_mean[BLOCK_XY]
@@ -363,7 +399,9 @@ def build(config: BCCameraNetConfig):
             top plus the grasp's depth, and near a held block the hole's position across is the block's plus the
             hole head's offset. ``with_offset``: (scene, the wrist heads' (N, 7): the block's offset across from
             the gripper, the grasp depth, the hole's offset across from the block (m; across in the world's
-            axes), and the triangle's turn in the fingers (cos, sin)), for their training losses."""
+            axes), and the triangle's turn in the fingers (cos, sin)), for their training losses. Where the block
+            away from the gripper is read at the try's first step (``far_block_first_frame``), ``images`` also holds
+            ``<camera>_first`` for each of ``config.first_inputs``: that camera's frame at that step."""
             proprio = low_dim[:, :config.proprio_dim]
             tcp, rot = self.gripper.tcp_pose(proprio[:, :ARM_JOINTS])
             grip = self.gripper.features(tcp, rot, arm.gripper_opening(proprio[:, ARM_JOINTS:].mean(-1)))
@@ -378,14 +416,29 @@ def build(config: BCCameraNetConfig):
             seen_grip = [(grip - mean[gripper]) / std[gripper]] if config.estimator_reads_gripper else []
             out = self.estimator(torch.cat([*feats.values(), instruction, *seen_grip], -1))
             e = out * std[free] + mean[free]
+            at_first = feats  # (version 13) every camera's features at the try's first step
+            if config.far_block_first_frame:
+                missing = [n + FIRST_SUFFIX for n in config.first_inputs if n + FIRST_SUFFIX not in images]
+                if missing:
+                    raise ValueError(f"the block away from the gripper is read at the try's first step: the "
+                                     f"estimate needs {', '.join(missing)}")
+                at_first = {name: self.encoders[name]((images[name + FIRST_SUFFIX] - 0.5) * 4.0)
+                            if name in config.first_inputs else feats[name] for name, _ in config.cameras}
+                if not config.locator_hidden:
+                    e_first = self.estimator(torch.cat([*at_first.values(), instruction], -1)) * std[free] \
+                        + mean[free]
             knob = self.knob(feats["wrist"]) * std[KNOB] + mean[KNOB]
             col = {i: e[:, j:j + 1] for j, i in enumerate(FREE_FEATURES)}
             col.update({i: grip[:, j:j + 1] for j, i in enumerate(GRIPPER_FEATURES)})
             offset = self.offset(feats["wrist"]) * OFFSET_SCALE
             offset = torch.cat([to_world(offset[:, 0:2]), offset[:, 2:3]], -1)
-            # the block's x, y away from the gripper: the locator's, or (before version 12) the estimator's
-            far = self.locate(feats[LOCATOR_CAMERA], low_dim[:, config.proprio_dim:seen]) if config.locator_hidden \
-                else e[:, 0:2]
+            # the block's x, y away from the gripper: the locator's (version 12; reading every camera's first frame
+            # from version 13), the estimator's at the try's first step (version 13), or the step's estimator's
+            if config.locator_hidden:
+                far = self.locate(torch.cat([at_first[name] for name in config.locator_cameras], -1),
+                                  low_dim[:, config.proprio_dim:seen])
+            else:
+                far = e_first[:, 0:2] if config.far_block_first_frame else e[:, 0:2]
             near = torch.sigmoid((OFFSET_NEAR - torch.linalg.vector_norm(far - tcp[:, 0:2], dim=-1, keepdim=True))
                                  / OFFSET_SOFTNESS)
             under = tcp[:, 0:2] + offset[:, 0:2]  # the block's x, y as the wrist camera places it
@@ -424,14 +477,18 @@ def build(config: BCCameraNetConfig):
             """The policy head's actions (N, 7) on scene features and the action history (``low_dim``'s last 8)."""
             return self.policy(torch.cat([scene, low_dim[:, seen:]], dim=-1))
 
-        def forward(self, third_person, wrist, low_dim):
-            """Rendered uint8 frames (N, H, W, 3) of each camera and the low-dimensional input -> actions
-            (N, 1, 7)."""
-            images = {}
-            for (name, _), frame in zip(config.cameras, (third_person, wrist)):
+        input_names = config.input_names
+
+        def forward(self, third_person, wrist, low_dim, *first_frames):
+            """Rendered uint8 frames (N, H, W, 3) of each camera, the low-dimensional input, then the first frames
+            of ``config.first_inputs`` -> actions (N, 1, 7)."""
+            def pooled(name, frame):
                 x = frame.float().permute(0, 3, 1, 2)  # cast first: TensorRT's Transpose on uint8 is not a given
                 f = config.pool(name)
-                images[name] = (torch.nn.functional.avg_pool2d(x, f) if f > 1 else x) / 255.0
+                return (torch.nn.functional.avg_pool2d(x, f) if f > 1 else x) / 255.0
+            images = {name: pooled(name, frame) for (name, _), frame in zip(config.cameras, (third_person, wrist))}
+            images.update({name + FIRST_SUFFIX: pooled(name, frame)
+                           for name, frame in zip(config.first_inputs, first_frames)})
             return self.act(self.estimate(images, low_dim), low_dim)[:, None, :]
 
     return BCCameraNet()
@@ -452,7 +509,9 @@ def config_from_json(text: str) -> BCCameraNetConfig:
                              # files written before the field (versions 10 and older) read every step's frames
                              "first_frame_cameras": tuple(d.get("first_frame_cameras", ())),
                              # and before version 12 the estimator placed the block before the grasp
-                             "locator_hidden": tuple(d.get("locator_hidden", ()))})
+                             "locator_hidden": tuple(d.get("locator_hidden", ())),
+                             # and before version 13 the step's estimate
+                             "far_block_first_frame": bool(d.get("far_block_first_frame", False))})
 
 
 def load(path: str | Path = DEFAULT_WEIGHTS):
@@ -482,13 +541,17 @@ def dummy_inputs(config: BCCameraNetConfig, batch: int = 1, seed: int = 0) -> di
     """Feeds of the graph's shapes and dtypes (random frames, zero low-dimensional input)."""
     rng = np.random.default_rng(seed)
     feeds = {name: rng.integers(0, 256, (batch, side, side, 3), dtype=np.uint8) for name, side in config.cameras}
+    for name in config.first_inputs:
+        side = dict(config.cameras)[name]
+        feeds[name + FIRST_SUFFIX] = rng.integers(0, 256, (batch, side, side, 3), dtype=np.uint8)
     feeds["low_dim"] = np.zeros((batch, config.low_dim), np.float32)
     return feeds
 
 
 def export_onnx(model, config: BCCameraNetConfig, path: str | Path, source: str = "") -> Path:
     """ONNX with a dynamic batch: inputs ``third_person`` (N, 256, 256, 3) and ``wrist`` (N, 128, 128, 3) uint8,
-    ``low_dim`` (N, LOW_DIM) float32; output ``actions`` (N, 1, 7)."""
+    ``low_dim`` (N, LOW_DIM) float32, then ``<camera>_first`` (uint8) for each of ``config.first_inputs``; output
+    ``actions`` (N, 1, 7)."""
     import torch
 
     from engines.onnx_utils import check_onnx_file, set_metadata
@@ -496,10 +559,10 @@ def export_onnx(model, config: BCCameraNetConfig, path: str | Path, source: str 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     feeds = dummy_inputs(config)
-    args = tuple(torch.as_tensor(feeds[name]) for name in INPUT_NAMES)
-    dynamic = {name: {0: "batch"} for name in (*INPUT_NAMES, "actions")}
+    args = tuple(torch.as_tensor(feeds[name]) for name in config.input_names)
+    dynamic = {name: {0: "batch"} for name in (*config.input_names, "actions")}
     # the TorchScript exporter, as bc-state's: the dynamo one needs onnxscript
-    torch.onnx.export(model, args, str(path), input_names=list(INPUT_NAMES), output_names=["actions"],
+    torch.onnx.export(model, args, str(path), input_names=list(config.input_names), output_names=["actions"],
                       dynamic_axes=dynamic, opset_version=17, dynamo=False)
     set_metadata(path, exporter=f"torch.onnx {torch.__version__}", opset="17", model="bc-camera", source=source)
     check_onnx_file(path)
@@ -510,7 +573,7 @@ def numpy_forward(model, feeds: dict[str, np.ndarray]) -> np.ndarray:
     import torch
 
     with torch.no_grad():
-        return model(*(torch.as_tensor(feeds[name]) for name in INPUT_NAMES)).numpy()
+        return model(*(torch.as_tensor(feeds[name]) for name in model.input_names)).numpy()
 
 
 def torch_outputs(model, feeds) -> dict[str, np.ndarray]:

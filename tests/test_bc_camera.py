@@ -43,19 +43,23 @@ def test_the_graph_averages_frames_as_the_training_cache_does():
         assert np.max(np.abs(inside - cached)) <= 0.5 + 1e-4, name
 
 
-@pytest.mark.parametrize("grid_channels", [16, 0], ids=["grid", "keypoints-only"])
-def test_onnx_export_runs_as_the_network_at_every_batch(tmp_path, grid_channels):
+@pytest.mark.parametrize("grid_channels, far_block_first_frame", [(16, False), (0, False), (16, True)],
+                         ids=["grid", "keypoints-only", "far-block-first-frame"])
+def test_onnx_export_runs_as_the_network_at_every_batch(tmp_path, grid_channels, far_block_first_frame):
     pytest.importorskip("onnxruntime")
     from dataclasses import replace
 
     from engines.runners import OnnxRuntimeRunner
 
-    cfg = replace(bc_camera.BCCameraNetConfig(), grid_channels=grid_channels)
+    cfg = replace(bc_camera.BCCameraNetConfig(), grid_channels=grid_channels,
+                  far_block_first_frame=far_block_first_frame)
     torch.manual_seed(1)
     model = bc_camera.build(cfg).eval()
     path = bc_camera.export_onnx(model, cfg, tmp_path / "bc_camera.onnx")
     runner = OnnxRuntimeRunner(path, "cpu", intra_op_threads=1).activate()
     feeds = bc_camera.dummy_inputs(cfg, batch=4, seed=2)
+    assert cfg.input_names == bc_camera.INPUT_NAMES + (("wrist_first",) if far_block_first_frame else ())
+    assert sorted(feeds) == sorted(cfg.input_names)
     feeds["low_dim"] = np.random.default_rng(3).normal(size=feeds["low_dim"].shape).astype(np.float32)
     ref = bc_camera.numpy_forward(model, feeds)
     assert ref.shape == (4, cfg.chunk, cfg.action_dim)
@@ -240,11 +244,13 @@ def test_a_dataset_of_another_task_list_or_split_is_refused(recorded_demos, tmp_
         assert line.startswith(f"error: {copy} ") and needle in line, line
     missing = _train("--datasets", str(tmp_path / "nothing"), "--work", str(tmp_path / "work"))
     assert missing.returncode == 2 and missing.stderr.startswith(f"error: {tmp_path / 'nothing'} is not a folder")
-    for flag, value in (("--before-grasp-weight", "0"), ("--fine-weight", "-1"), ("--grid-channels", "300")):
+    for flag, value in (("--before-grasp-weight", "0"), ("--epochs", "-1"), ("--fine-weight", "-1"),
+                        ("--grid-channels", "300")):
         bad = _train("--datasets", str(demos), "--work", str(tmp_path / "work"), flag, value)
         assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
         (line,) = bad.stderr.strip().splitlines()
-        assert line.startswith("error: --epochs and --batch must be") and flag in line, line
+        assert line.startswith("error: --epochs must be at least 1 (0 with --init-from), --batch at least 1"), line
+        assert flag in line, line
     no_head = _train("--datasets", str(demos), "--work", str(tmp_path / "work"), "--policy", str(tmp_path / "none"))
     assert no_head.returncode == 2 and no_head.stderr.strip().splitlines() == [
         f"error: --policy {tmp_path / 'none'} does not exist; give bc-state weights (python -m eval.training.train_bc "
@@ -334,10 +340,31 @@ def test_the_diagnosis_reports_each_phase_of_a_recording(trained, recorded_demos
     assert list(over["action_error_per_dimension"]) == ["dx", "dy", "dz", "droll", "dpitch", "dyaw", "gripper"]
     assert set(over["action_error_with_true"]) == set(report["phases"]["far"]["action_error_with_true"])
     assert len(report["weights_sha256"]) == 64 and report["policy_sha256"] == bc_state_sha256()
+    # each try's first step, binned by the estimated block's error, with the recording's successes
+    tries = [json.loads(line) for line in (demos / "recording" / "tries.jsonl").read_text().splitlines()]
+    bins = report["first_step"]["by_error"]
+    assert list(bins) == ["within_25_mm", "25_to_50_mm", "over_50_mm"] and report["first_step"]["tries"] == 2
+    assert sum(b["tries"] for b in bins.values()) == 2
+    assert sum(b["inserted"] for b in bins.values()) == sum(bool(t["success"]) for t in tries)
     missing = subprocess.run([sys.executable, "-m", "eval.training.diagnose_bc_camera", "--weights",
                               str(tmp_path / "none.safetensors"), "--datasets", str(demos)], cwd=REPO_ROOT,
                              capture_output=True, text=True, timeout=600)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr
+
+
+def test_the_first_steps_bins_count_tries_and_insertions_by_the_blocks_error():
+    from eval.training.diagnose_bc_camera import first_step
+
+    true = np.zeros((8, 32), np.float32)
+    est = true.copy()
+    starts = np.array([0, 2, 4, 6])
+    est[starts, 6] = [0.010, 0.030, 0.060, 0.025]  # 10, 30, 60 and 25 mm off along x
+    report = first_step(est, true, starts, np.array([1.0, 0.0, 0.0, 1.0]))
+    assert report["by_error"] == {"within_25_mm": {"tries": 2, "inserted": 2},
+                                  "25_to_50_mm": {"tries": 1, "inserted": 0}, "over_50_mm": {"tries": 1, "inserted": 0}}
+    assert report["block_error_mm"]["median"] == 27.5
+    unknown = first_step(est, true, starts, np.array([1.0, np.nan, 0.0, 1.0]))["by_error"]
+    assert unknown["25_to_50_mm"]["inserted"] is None and unknown["within_25_mm"]["inserted"] == 2
 
 
 def _say_the_mean(model) -> None:
@@ -513,13 +540,17 @@ class _Feeds:
         return {"actions": np.zeros((1, 1, 7), np.float32)}
 
 
-@pytest.mark.parametrize("first_frame_cameras", [("third_person",), ()], ids=["version-11", "version-10"])
-def test_the_policy_feeds_the_tries_first_third_person_frame(first_frame_cameras):
+@pytest.mark.parametrize("first_frame_cameras, far_block_first_frame",
+                         [(("third_person",), False), ((), False), (("third_person",), True)],
+                         ids=["version-11", "version-10", "version-13"])
+def test_the_policy_feeds_the_tries_first_third_person_frame(first_frame_cameras, far_block_first_frame):
     """The third person goes to the runner as the try's first step rendered it (copied: the renderer reuses its
-    buffer), the wrist as each step renders it; a reset or a spawned policy starts from its own first frame."""
+    buffer), the wrist as each step renders it, and (version 13) the wrist's first frame beside it as
+    ``wrist_first``; a reset or a spawned policy starts from its own first frame."""
     from eval.policies.bc_camera import BCCameraPolicy
 
-    cfg = bc_camera.BCCameraNetConfig(first_frame_cameras=first_frame_cameras)
+    cfg = bc_camera.BCCameraNetConfig(first_frame_cameras=first_frame_cameras,
+                                      far_block_first_frame=far_block_first_frame)
     runner = _Feeds()
     policy = BCCameraPolicy(runner, cfg, bc_camera.DEFAULT_WEIGHTS)
     buffer = {"third_person": np.zeros((256, 256, 3), np.uint8), "wrist": np.zeros((128, 128, 3), np.uint8)}
@@ -532,12 +563,16 @@ def test_the_policy_feeds_the_tries_first_third_person_frame(first_frame_cameras
         return {k: int(v.ravel()[0]) for k, v in runner.fed[-1].items() if k != "low_dim"}
 
     kept = first_frame_cameras == ("third_person",)
+
+    def fed(third_person, wrist, first):
+        return {"third_person": third_person, "wrist": wrist, **({"wrist_first": first} if far_block_first_frame
+                                                                  else {})}
     policy.reset(bc_camera.all_instructions()[0])
-    assert step(1) == {"third_person": 1, "wrist": 1}
-    assert step(2) == {"third_person": 1 if kept else 2, "wrist": 2}
+    assert step(1) == fed(1, 1, 1)
+    assert step(2) == fed(1 if kept else 2, 2, 1)
     policy.reset(bc_camera.all_instructions()[0])
-    assert step(3) == {"third_person": 3, "wrist": 3}
-    assert step(4) == {"third_person": 3 if kept else 4, "wrist": 4}
+    assert step(3) == fed(3, 3, 3)
+    assert step(4) == fed(3 if kept else 4, 4, 3)
     other = policy.spawn()
     other.reset(bc_camera.all_instructions()[0])
     for frame in buffer.values():
@@ -557,6 +592,9 @@ def test_training_reads_the_episodes_first_frame_for_first_frame_cameras():
     assert rows["wrist"].tolist() == [0, 1, 2, 3, 4, 5]
     assert frame_rows(demos, bc_camera.BCCameraNetConfig(first_frame_cameras=()))["third_person"].tolist() == \
         list(range(6))
+    rows = frame_rows(demos, bc_camera.BCCameraNetConfig(far_block_first_frame=True))
+    assert sorted(rows) == ["third_person", "wrist", "wrist_first"]
+    assert rows["wrist_first"].tolist() == [0, 0, 0, 3, 3, 5] and rows["wrist"].tolist() == list(range(6))
 
 
 def test_weights_written_before_the_locator_place_the_block_with_the_estimator():
@@ -601,13 +639,82 @@ def test_the_locator_places_a_block_away_from_the_gripper_from_the_third_person_
     assert not torch.allclose(est[:, 6:8], moved[:, 6:8]) and not torch.allclose(est[:, 6:8], told[:, 6:8])
 
 
-def test_the_locator_is_fitted_on_the_first_frames_holding_out_whole_starts():
+def test_the_first_steps_estimate_places_a_block_away_from_the_gripper():
+    """Version 13: not held and away from the gripper, the block's x, y are the estimator's at the try's first
+    step, from every camera's first frame (v15's, read from the step's wrist frame, followed the gripper): the
+    step's wrist frame does not move them, the wrist's first frame does; where the first frames are the step's
+    (the try's first step) the estimate is the network's without the change, the same weights."""
+    n = 4
+    cfg, model, images, low = _untrained(n, far_block_first_frame=True)
+    step = bc_camera.build(bc_camera.BCCameraNetConfig()).eval()
+    step.load_state_dict(model.state_dict())
+    first = {**images, "wrist_first": images["wrist"]}
+    with torch.no_grad():
+        for net in (model, step):
+            net.scene_mean[bc_camera.GRASPED] = -10.0  # not held
+        tcp = model.estimate(first, low)[:, 0:2]
+        for net in (model, step):
+            net.scene_mean[6:8] = tcp.mean(0) + torch.tensor([0.0, 0.5])  # away from every row's gripper
+        est = model.estimate(first, low)
+        assert torch.equal(est, step.estimate(images, low))
+        wrist = model.estimate({**first, "wrist": torch.rand_like(images["wrist"])}, low)
+        moved = model.estimate({**first, "wrist_first": torch.rand_like(images["wrist"])}, low)
+        with pytest.raises(ValueError, match="the estimate needs wrist_first"):
+            model.estimate(images, low)
+    assert torch.equal(est[:, 6:8], wrist[:, 6:8])
+    assert not torch.allclose(est[:, 6:8], moved[:, 6:8])
+
+
+def test_with_the_first_steps_far_block_the_locator_reads_every_cameras_first_frame():
+    """Version 13 with a locator: it reads both cameras' first frames (the wrist's as ``wrist_first``), so the
+    step's wrist frame does not move the block away from the gripper and the wrist's first frame does."""
+    n = 4
+    cfg, model, images, low = _untrained(n, far_block_first_frame=True, locator_hidden=(16,))
+    first = {**images, "wrist_first": torch.rand_like(images["wrist"])}
+    with torch.no_grad():
+        model.scene_mean[bc_camera.GRASPED] = -10.0  # not held
+        tcp = model.estimate(first, low)[:, 0:2]
+        model.scene_mean[6:8] = tcp.mean(0) + torch.tensor([0.0, 0.5])  # away from every row's gripper
+        feats = torch.cat([model.encoders[c]((first[k] - 0.5) * 4.0) for c, k in
+                           (("third_person", "third_person"), ("wrist", "wrist_first"))], -1)
+        located = model.locate(feats, low[:, cfg.proprio_dim:cfg.proprio_dim + len(cfg.instructions)])
+        assert torch.all(torch.linalg.vector_norm(located - tcp, dim=-1) > 3 * bc_camera.OFFSET_NEAR)
+        est = model.estimate(first, low)
+        wrist = model.estimate({**first, "wrist": torch.rand_like(images["wrist"])}, low)
+        moved = model.estimate({**first, "wrist_first": torch.rand_like(images["wrist"])}, low)
+    assert torch.allclose(est[:, 6:8], located, atol=1e-3)
+    assert torch.equal(est[:, 6:8], wrist[:, 6:8]) and not torch.allclose(est[:, 6:8], moved[:, 6:8])
+
+
+def test_weights_written_before_the_first_steps_far_block_read_the_steps_frames():
+    from dataclasses import asdict
+
+    assert not bc_camera.BCCameraNetConfig().far_block_first_frame  # off by default: docs/models.md
+    cfg = bc_camera.BCCameraNetConfig(far_block_first_frame=True)
+    d = asdict(cfg)
+    assert bc_camera.config_from_json(json.dumps(d)) == cfg and cfg.first_inputs == ("wrist",)
+    del d["far_block_first_frame"]  # a file of version 12 (v15)
+    assert not bc_camera.config_from_json(json.dumps(d)).far_block_first_frame
+    assert bc_camera.BCCameraNetConfig(first_frame_cameras=(), far_block_first_frame=True).first_inputs == \
+        ("third_person", "wrist")
+    assert bc_camera.BCCameraNetConfig(locator_hidden=(8,)).locator_cameras == ("third_person",)
+    assert bc_camera.BCCameraNetConfig(locator_hidden=(8,), far_block_first_frame=True).locator_cameras == \
+        ("third_person", "wrist")
+    with pytest.raises(ValueError, match="needs estimator_reads_gripper False"):
+        bc_camera.BCCameraNetConfig(estimator_reads_gripper=True, far_block_first_frame=True)
+
+
+@pytest.mark.parametrize("far_block_first_frame", [False, True], ids=["version-12", "version-13"])
+def test_the_locator_is_fitted_on_the_first_frames_holding_out_whole_starts(far_block_first_frame):
     """fit_locator changes the locator and its normalisation only, fits the block's x, y at each episode's first
-    step from that frame, and holds out starts (one block position and instruction) whole: DAgger rounds replay
-    the demonstrations' starts, and a start on both sides would flatter the validation."""
+    step from that frame (version 13: both cameras' first frames), and holds out starts (one block position and
+    instruction) whole: DAgger rounds replay the demonstrations' starts, and a start on both sides would flatter the
+    validation."""
     from eval.training.train_bc_camera import Demos, Recipe, fit_locator
 
-    cfg, model, _, _ = _untrained(1, locator_hidden=(64, 64))
+    cfg, model, _, _ = _untrained(1, locator_hidden=(64, 64), far_block_first_frame=far_block_first_frame)
+    features = sum(bc_camera.encoder_features(cfg, cfg.image_side(c)) for c in cfg.locator_cameras)
+    assert model.locator_mean.shape == (features + len(cfg.instructions),)
     rng = np.random.default_rng(0)
     starts, repeats, length = 40, 2, 3
     xy = rng.uniform(-0.15, 0.15, (starts, 2)).astype(np.float32)
@@ -818,6 +925,36 @@ def test_init_from_refuses_missing_weights_and_a_second_way_to_start(tmp_path):
              "--init-from trains W's network as W's file configures it; leave out --grid-channels and "
              "--locator-hidden"),
             (["--keep-far-block"], "--keep-far-block keeps W's estimate of the far block: give --init-from W")):
+        proc = _train("--datasets", str(tmp_path / "a"), "--work", str(tmp_path / "work"), *args)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"error: {said}"], proc.stderr
+
+
+@pytest.mark.sim
+def test_far_block_first_frame_onto_trained_weights_without_epochs(recorded_demos, tmp_path):
+    """--init-from W --epochs 0 --far-block-first-frame: W's tensors unchanged, its configuration with the first
+    step's far block (version 13); the history is W on the held-out episodes with it."""
+    demos, _ = recorded_demos
+    w = _saved_untrained(tmp_path / "w.safetensors")
+    out = tmp_path / "first.safetensors"
+    proc = _train("--datasets", str(demos), "--work", str(tmp_path / "work"), "--report-dir", str(tmp_path / "r"),
+                  "--init-from", str(w), "--epochs", "0", "--far-block-first-frame", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    old, old_cfg, _ = bc_camera.load(w)
+    new, cfg, meta = bc_camera.load(out)
+    assert cfg == bc_camera.BCCameraNetConfig(**{**old_cfg.__dict__, "far_block_first_frame": True})
+    assert all(torch.equal(new.state_dict()[k], t) for k, t in old.state_dict().items())
+    report = json.loads((tmp_path / "r" / "training.json").read_text())
+    assert meta["epochs"] == "0" and [h["epoch"] for h in report["history"]] == [0]
+
+
+def test_epochs_0_is_refused_without_init_from(tmp_path):
+    trained = _saved_untrained(tmp_path / "w.safetensors")
+    for args, said in (
+            (["--epochs", "0"], "--epochs 0 trains nothing: it takes --init-from W (W as it is, with "
+                                "--far-block-first-frame or --head-epochs)"),
+            (["--init-from", str(trained), "--far-block-first-frame", "--head-from", str(trained)],
+             "--init-from trains W's network on; --locator-from and --head-from fit one part onto W without epochs: "
+             "give one of them")):
         proc = _train("--datasets", str(tmp_path / "a"), "--work", str(tmp_path / "work"), *args)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"error: {said}"], proc.stderr
 

@@ -7,7 +7,9 @@ Each step's frames go to the runner as the scene rendered them: numpy views on t
 tensors on a GPU (the graph averages them down itself, so nothing is resized or copied on the host). The
 policy asks at every step. The cameras of ``config.first_frame_cameras`` (the third person, from version 11 on)
 go to the runner as they were at the try's first step: the policy keeps that frame, copied where it was
-rendered (a CUDA tensor stays on the GPU), since the renderer reuses its buffers."""
+rendered (a CUDA tensor stays on the GPU), since the renderer reuses its buffers; where the network reads the
+block away from the gripper at the first step (``far_block_first_frame``, version 13), the other cameras' first
+frames go to it as well, beside the step's (``<camera>_first``)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from engines.bc_camera import DEFAULT_WEIGHTS, BCCameraNetConfig, instruction_one_hot
+from engines.bc_camera import DEFAULT_WEIGHTS, FIRST_SUFFIX, BCCameraNetConfig, instruction_one_hot
 from engines.onnx_utils import sha256_file
 from eval.policies.base import BadActionError, Policy
 from eval.training.state_features import ActionHistory
@@ -57,12 +59,14 @@ class BCCameraPolicy(Policy):
             raise BadActionError(f"bc-camera was trained on {self.config.proprio_dim} joint positions; this arm "
                                  f"gives {proprio.shape[0] if proprio.ndim == 1 else proprio.shape}")
         low = np.concatenate([proprio, self._instruction, self.history.vector()])[None]
-        for name in self.config.first_frame_cameras:
+        for name in (*self.config.first_frame_cameras, *self.config.first_inputs):
             if name not in self._first_frames:
                 frame = images[name]
                 self._first_frames[name] = frame.copy() if isinstance(frame, np.ndarray) else frame.clone()
-        seen = {name: self._first_frames.get(name, images[name]) for name in ("third_person", "wrist")}
-        return {"third_person": seen["third_person"][None], "wrist": seen["wrist"][None], "low_dim": low}
+        seen = {name: (self._first_frames[name] if name in self.config.first_frame_cameras else images[name])[None]
+                for name in ("third_person", "wrist")}
+        first = {name + FIRST_SUFFIX: self._first_frames[name][None] for name in self.config.first_inputs}
+        return {**seen, "low_dim": low, **first}
 
     def decode(self, outputs: Mapping[str, np.ndarray] | None, row: int) -> np.ndarray:
         action = np.array(outputs["actions"][row][0], dtype=np.float32)

@@ -14,7 +14,9 @@ tries grasp the block, carry it within 15 mm across of its hole and set it down 
 so). The actions compared, with the step's true action history: the network's head on the estimate against
 bc-state's (``--policy``, the head's teacher: its weights, or those a tuned head was tuned against) on the truth,
 both with the knob's angle to the fingers set "aligned": bc-state solves the dev tries with it so (docs/models.md),
-so a knob read wrong is not counted against the estimate.
+so a knob read wrong is not counted against the estimate. And **first step**: how far the estimated block is from
+the truth at each try's first step (what a version-13 network keeps for the block away from the gripper), and how
+many tries inserted their block with it within 25 mm, 25 to 50 mm and over 50 mm off (the recording's success).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ HOVER_XY, HOVER_DZ = 0.03, 0.04  # m
 # how far a try got, from its true scene: the block held; held within OVER_HOLE_XY across of its hole; and there
 # with its bottom within DOWN_DZ of the plate's top (set down on the plate, or in the hole)
 DOWN_DZ = 0.005  # m
+FIRST_STEP_BINS_MM = (25.0, 50.0)  # the first step's block error: within 25 mm, 25 to 50, over 50
 
 
 def phases(scene: np.ndarray) -> np.ndarray:
@@ -70,6 +73,21 @@ def error_follows_gripper(est: np.ndarray, true: np.ndarray) -> tuple[float, flo
     den = (g * g).sum(0)
     return tuple(float((g[:, k] * e[:, k]).sum() / den[k]) if len(g) > 2 and den[k] > 0 else float("nan")
                  for k in (0, 1))
+
+
+def first_step(est: np.ndarray, true: np.ndarray, starts: np.ndarray, success: np.ndarray) -> dict:
+    """The estimated block's x, y error at each try's first step (rows ``starts``), and the tries inserted by that
+    error's bin (``success``: each try's, 1.0 / 0.0, nan where the recording has none)."""
+    err = np.linalg.norm(est[starts, 6:8] - true[starts, 6:8], axis=1) * 1000
+    lo, hi = FIRST_STEP_BINS_MM
+    bins = {f"within_{lo:g}_mm": err <= lo, f"{lo:g}_to_{hi:g}_mm": (err > lo) & (err <= hi),
+            f"over_{hi:g}_mm": err > hi}
+    known = ~np.isnan(success)
+    return {"tries": int(len(err)), "block_error_mm": {"median": round(float(np.median(err)), 1),
+                                                      "p90": round(float(np.quantile(err, 0.9)), 1)},
+            "by_error": {name: {"tries": int(m.sum()),
+                                "inserted": int(np.nansum(success[m])) if known[m].all() else None}
+                         for name, m in bins.items()}}
 
 
 def diagnose(weights: Path, roots: list[Path], cache: Path, show: bool = True, policy: Path = BC_STATE_WEIGHTS) -> dict:
@@ -103,6 +121,9 @@ def diagnose(weights: Path, roots: list[Path], cache: Path, show: bool = True, p
            "datasets": [str(r) for r in roots],
            "steps": int(len(low)),
            "stages": stages(demos.scene, demos.source.astype(np.int64) * 1_000_000 + demos.episode), "phases": {}}
+    from eval.training.train_bc_camera import episode_starts
+
+    out["first_step"] = first_step(est, true, episode_starts(demos), demos.success)
     r = lambda v: round(float(v), 3)  # noqa: E731
     over = over_the_hole(demos.scene)
 
@@ -155,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{st['tries']} tries: {st['grasped']} grasp the block, {st['over_the_hole']} hold it within "
           f"{OVER_HOLE_XY * 1000:.0f} mm across of its hole, {st['down_at_the_hole']} of them with its bottom within "
           f"{DOWN_DZ * 1000:.0f} mm of the plate's top")
+    fs = report["first_step"]
+    print(f"first step: the estimated block {fs['block_error_mm']['median']} mm off (median; p90 "
+          f"{fs['block_error_mm']['p90']}); inserted " + ", ".join(
+              f"{b['inserted'] if b['inserted'] is not None else '?'} of {b['tries']} {name.replace('_', ' ')}"
+              for name, b in fs["by_error"].items()))
     for name, ph in report["phases"].items():
         b = ph["block_across_mm"]
         made = ", ".join(f"{g} {v}" for g, v in ph["action_error_with_true"].items())

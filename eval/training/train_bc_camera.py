@@ -65,8 +65,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engines.bc_camera import (ARM_JOINTS, DEFAULT_WEIGHTS, GRASPED, KNOB_TOP_ABOVE_CENTRE, OFFSET_NEAR,
-                               OFFSET_SCALE, SHAPE_ONE_HOT, BCCameraNetConfig, build, pool_frames, save,
+from engines.bc_camera import (ARM_JOINTS, DEFAULT_WEIGHTS, FIRST_SUFFIX, GRASPED, KNOB_TOP_ABOVE_CENTRE,
+                               OFFSET_NEAR, OFFSET_SCALE, SHAPE_ONE_HOT, BCCameraNetConfig, build, pool_frames, save,
                                triangle_turn_truth)
 from engines.bc_mlp import DEFAULT_WEIGHTS as BC_STATE_WEIGHTS
 from engines.bc_mlp import HISTORY_DIM, SCENE_DIM
@@ -152,6 +152,9 @@ class Demos:
     episode: np.ndarray
     episodes_used: int
     source: np.ndarray | None = None  # each step's dataset: its index in the folders read
+    # each episode's recorded success (meta/episodes' ``success``: 1.0, 0.0, nan where the recording has none), in
+    # episode order
+    success: np.ndarray | None = None
 
 
 def _json(path: Path, what: str) -> dict:
@@ -305,7 +308,8 @@ def read_demos(roots: list[Path], config: BCCameraNetConfig, cache: Path, show: 
                 history.update(a)
             onehot = instruction_one_hot(task_of[int(task_index[lo])], config)
             low = np.concatenate([state[lo:hi], np.repeat(onehot[None], hi - lo, 0), np.stack(hist)], axis=1)
-            parts.append((lo, hi, low, scene[lo:hi], frames, source))
+            ok = e.get("success")
+            parts.append((lo, hi, low, scene[lo:hi], frames, source, float(ok) if isinstance(ok, bool) else np.nan))
     if not parts:
         raise TrainingInputError(f"no episode to train on in {', '.join(map(str, roots))}")
     cams = [c for c, _ in config.cameras]
@@ -314,7 +318,8 @@ def read_demos(roots: list[Path], config: BCCameraNetConfig, cache: Path, show: 
                  scene=np.concatenate([p[3] for p in parts]).astype(np.float32),
                  episode=np.concatenate([np.full(p[1] - p[0], i) for i, p in enumerate(parts)]),
                  episodes_used=len(parts),
-                 source=np.concatenate([np.full(p[1] - p[0], p[5]) for p in parts]))
+                 source=np.concatenate([np.full(p[1] - p[0], p[5]) for p in parts]),
+                 success=np.array([p[6] for p in parts]))
 
 
 def episode_starts(demos: Demos) -> np.ndarray:
@@ -323,12 +328,19 @@ def episode_starts(demos: Demos) -> np.ndarray:
 
 
 def frame_rows(demos: Demos, config: BCCameraNetConfig) -> dict[str, np.ndarray]:
-    """For each camera, the row of ``demos.frames`` the network reads at each step: the step's own, or its
-    episode's first step's for ``config.first_frame_cameras`` (what the policy keeps from a try's first step)."""
+    """For each of the network's image inputs, the row of its camera's ``demos.frames`` read at each step: the
+    step's own, or its episode's first step's for ``config.first_frame_cameras`` and ``<camera>_first``
+    (``config.first_inputs``): what the policy keeps from a try's first step."""
     steps = np.arange(len(demos.episode))
     starts = episode_starts(demos)
     first = starts[np.searchsorted(starts, steps, side="right") - 1]
-    return {c: first if c in config.first_frame_cameras else steps for c, _ in config.cameras}
+    rows = {c: first if c in config.first_frame_cameras else steps for c, _ in config.cameras}
+    return {**rows, **{c + FIRST_SUFFIX: first for c in config.first_inputs}}
+
+
+def frame_source(key: str) -> str:
+    """The camera of a :func:`frame_rows` key (``<camera>_first`` reads that camera's frames)."""
+    return key.removesuffix(FIRST_SUFFIX)
 
 
 def estimates(model, demos: Demos, config: BCCameraNetConfig, show: bool = False) -> np.ndarray:
@@ -340,8 +352,9 @@ def estimates(model, demos: Demos, config: BCCameraNetConfig, show: bool = False
     low = torch.as_tensor(demos.low_dim)
     model.eval()
     with torch.no_grad():
-        return torch.cat([model.estimate({c: torch.from_numpy(np.ascontiguousarray(demos.frames[c][rows[c][i:i + 1024]]))
-                                          .float() / 255.0 for c in demos.frames}, low[i:i + 1024])
+        return torch.cat([model.estimate({c: torch.from_numpy(np.ascontiguousarray(
+                                              demos.frames[frame_source(c)][rows[c][i:i + 1024]])).float() / 255.0
+                                          for c in rows}, low[i:i + 1024])
                           for i in tqdm(range(0, len(low), 1024), desc="estimates", unit="batch", disable=not show)
                           ]).numpy()
 
@@ -480,12 +493,15 @@ def train(demos: Demos, recipe: Recipe, work: Path, policy: Path, show: bool = T
         raise TrainingInputError("--keep-far-block keeps W's estimate of the far block: give --init-from W")
     # the far block's teacher: W as loaded, in eval mode (the network trained is a copy of it)
     kept = init if recipe.keep_far_block else None
-    frames = {c: torch.from_numpy(np.ascontiguousarray(demos.frames[c])) for c, _ in config.cameras}
     frame_row = {c: torch.as_tensor(r) for c, r in frame_rows(demos, config).items()}
+    # each image input's camera frames (``<camera>_first`` shares its camera's tensor)
+    cached = {c: torch.from_numpy(np.ascontiguousarray(demos.frames[c])) for c, _ in config.cameras}
+    frames = {c: cached[frame_source(c)] for c in frame_row}
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=recipe.lr, weight_decay=recipe.weight_decay)
     steps_per_epoch = (len(tr) + recipe.batch - 1) // recipe.batch
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=recipe.epochs * steps_per_epoch)
+    # (--epochs 0 with --init-from: W on the held-out episodes alone)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, recipe.epochs * steps_per_epoch))
     history: list[dict] = []
     start = 0
     work.mkdir(parents=True, exist_ok=True)
@@ -637,7 +653,7 @@ def fit_locator(model, demos: Demos, recipe: Recipe, show: bool = True, log=prin
     import torch
     from tqdm import tqdm
 
-    from engines.bc_camera import BLOCK_XY, LOCATOR_CAMERA
+    from engines.bc_camera import BLOCK_XY
 
     config = recipe.config
     seen = config.proprio_dim + len(config.instructions)
@@ -650,11 +666,11 @@ def fit_locator(model, demos: Demos, recipe: Recipe, show: bool = True, log=prin
     val = np.isin(start_of, rng.choice(n_starts, int(round(n_starts * VAL_FRACTION)) if n_starts >= 2 else 0,
                                        replace=False))
     model.eval()
-    with torch.no_grad():
-        frames = demos.frames[LOCATOR_CAMERA]
-        feats = torch.cat([model.encoders[LOCATOR_CAMERA]((torch.from_numpy(np.asarray(frames[first[i:i + 512]]))
-                                                           .float() / 255.0 - 0.5) * 4.0)
-                           for i in range(0, len(first), 512)])
+    with torch.no_grad():  # each locator camera's features of the first frames, as BCCameraNet.locate reads them
+        def features(rows):
+            return torch.cat([model.encoders[c]((torch.from_numpy(np.asarray(demos.frames[c][rows])).float() / 255.0
+                                                 - 0.5) * 4.0) for c in config.locator_cameras], -1)
+        feats = torch.cat([features(first[i:i + 512]) for i in range(0, len(first), 512)])
     x = torch.cat([feats, torch.as_tensor(instruction)], -1)
     y = torch.as_tensor(target)
     tr = np.flatnonzero(~val)
@@ -856,25 +872,33 @@ def main(argv=None) -> int:
     p.add_argument("--keep-far-block", action="store_true",
                    help="with --init-from W: the block's x, y far from the gripper before the grasp trained toward "
                         "W's own estimate, not the truth (a new round's few starts teach it worse)")
+    p.add_argument("--far-block-first-frame", action="store_true",
+                   help="the block away from the gripper as the estimator reads it at the try's first step, from "
+                        "every camera's first frame (network version 13); with --init-from W and --epochs 0, W as it "
+                        "is with that change")
     p.add_argument("--fresh", action="store_true", help="start the work folder's training again")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     try:
-        if (args.epochs < 1 or args.batch < 1 or not args.lr > 0 or not np.isfinite(args.lr) or not 0 <= args.shift < 32
+        if args.epochs == 0 and not args.init_from:
+            raise TrainingInputError("--epochs 0 trains nothing: it takes --init-from W (W as it is, with "
+                                     "--far-block-first-frame or --head-epochs)")
+        if (args.epochs < 0 or args.batch < 1 or not args.lr > 0 or not np.isfinite(args.lr) or not 0 <= args.shift < 32
                 or not 0 <= args.action_weight < float("inf") or not 0 < args.before_grasp_weight < float("inf")
                 or not 0 <= args.fine_weight < float("inf") or args.head_epochs < 0
                 or not 0 <= args.head_error_scale < float("inf")
                 or not 0 <= args.grid_channels <= 256 or not all(1 <= n <= 1024 for n in args.locator_hidden)):
-            raise TrainingInputError("--epochs and --batch must be at least 1, --lr a positive number, --shift "
-                                     "0 to 31 pixels, --action-weight a number >= 0, --before-grasp-weight > 0, --fine-weight >= 0 "
-                                     "and --grid-channels 0 to 256, --locator-hidden widths 1 to 1024, --head-epochs >= 0 and "
-                                     "--head-error-scale a number >= 0")
+            raise TrainingInputError("--epochs must be at least 1 (0 with --init-from), --batch at least 1, --lr a "
+                                     "positive number, --shift 0 to 31 pixels, --action-weight a number >= 0, "
+                                     "--before-grasp-weight > 0, --fine-weight >= 0 and --grid-channels 0 to 256, "
+                                     "--locator-hidden widths 1 to 1024, --head-epochs >= 0 and --head-error-scale a "
+                                     "number >= 0")
         policy = Path(args.policy)
         if not policy.is_file():
             raise TrainingInputError(f"--policy {policy} does not exist; give bc-state weights "
                                      f"(python -m eval.training.train_bc makes them)")
         config = replace(BCCameraNetConfig(), grid_channels=args.grid_channels,
-                         locator_hidden=tuple(args.locator_hidden))
+                         locator_hidden=tuple(args.locator_hidden), far_block_first_frame=args.far_block_first_frame)
         if args.locator_from and args.head_from:
             raise TrainingInputError("--locator-from and --head-from each fit one part onto trained weights; give one "
                                      "(fit the other onto its output)")
@@ -894,8 +918,13 @@ def main(argv=None) -> int:
         fitted_onto = None
         if onto:
             fitted_onto = _trained_onto(onto[0], Path(onto[1]), config, args.head_epochs)
-            config = replace(fitted_onto[1], locator_hidden=config.locator_hidden) if args.locator_from \
-                else fitted_onto[1]
+            try:
+                config = replace(fitted_onto[1], locator_hidden=config.locator_hidden if args.locator_from
+                                 else fitted_onto[1].locator_hidden,
+                                 far_block_first_frame=fitted_onto[1].far_block_first_frame
+                                 or args.far_block_first_frame)
+            except ValueError as e:
+                raise TrainingInputError(f"{onto[0]} {onto[1]} with --far-block-first-frame: {e}") from None
         roots = [Path(d) for d in args.datasets]
         weights = tuple(args.dataset_weights or ())
         if weights and (len(weights) != len(roots) or not all(0 < w < float("inf") for w in weights)):
