@@ -42,7 +42,10 @@ The graph (``BCCameraNetConfig``; its FLOPs in ``flops_per_query`` of eval.train
   as ``wrist_first``, kept by the policy as the third person's is): what the wrist camera shows later no longer
   moves it. On v15's weights (off in the shipped file) it inserted no more blocks at new starts; a try whose block
   it placed within 25 mm at the first step inserted it 31 times in 75, one placed further off 2 in 45
-  (docs/models.md). With a locator, version 13's reads both cameras' first frames. Version 3's MLP estimated all
+  (docs/models.md). With a locator, version 13's reads both cameras' first frames. Version 14 scales a frame
+  darker than its camera's ``brightness_floor`` up to it before the encoders read it (a dimmer scene's frame is
+  the scene's frame scaled down; frames at or above the floor are read as they are): v15 inserted none of its
+  dim-light tries (D01, G02). Version 3's MLP estimated all
   32 apart, from the raw joints, and closed loop put the block at the gripper when the gripper came over it 120 mm
   up (docs/models.md). The estimator is trained on a recording's ``observation.environment_state``, which the
   policy never observes (privileged supervision at training time only);
@@ -81,6 +84,7 @@ FORMAT = "shape-assembly-bench/bc-camera/10"
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "bc_camera.safetensors"
 INPUT_NAMES = ("third_person", "wrist", "low_dim")
 FIRST_SUFFIX = "_first"  # a camera's frame at the try's first step, as an input of its own (far_block_first_frame)
+MAX_BRIGHTNESS_GAIN = 8.0  # brightness_floor scales a dark frame up by at most this (a black frame stays black)
 ARM_JOINTS = 7  # of the proprioception: the Panda's arm joints, then its 2 fingers
 # scene features (eval.training.state_features) read from the joints by forward kinematics: tcp_p, grip_cs,
 # opening, tcp_tilt
@@ -170,6 +174,15 @@ class BCCameraNetConfig:
     # at new starts, docs/models.md); at the first step the arm is at its home pose in every try. False (the
     # default, and files written before the field): the step's estimate
     far_block_first_frame: bool = False
+    # each camera's brightness floor (version 14; in the order of ``cameras``, the mean of its averaged frame over
+    # pixels and channels, 0..1): a frame darker than its camera's floor is scaled up to it (by at most
+    # MAX_BRIGHTNESS_GAIN) before the encoders read it, and a frame at or above it is read as it is. Rendered
+    # light is scaled alike in every channel and the sRGB curve is a power, so a scene lit dimmer is the same frame
+    # scaled down: D01's (dim light) are 0.43 of the nominal scene's (third person and wrist alike), and v15,
+    # trained on every setup's demonstrations with brightness scaled by up to 10%, inserted none of its test
+    # tries in D01 or G02 (dim light too). The floors sit at the nominal scenes' darkest frames, so their frames
+    # are not changed. () (the default, and files written before the field): frames as they are
+    brightness_floor: tuple[float, ...] = ()
     action_dim: int = 7
     # bc-state's network (engines.bc_mlp.BCConfig) as the policy head
     policy: BCConfig = field(default_factory=BCConfig)
@@ -202,6 +215,10 @@ class BCCameraNetConfig:
         if self.locator_hidden and LOCATOR_CAMERA not in self.first_frame_cameras:
             raise ValueError(f"the locator reads the {LOCATOR_CAMERA} camera's first frame; add it to "
                              f"first_frame_cameras or set locator_hidden to ()")
+        if self.brightness_floor and (len(self.brightness_floor) != len(self.cameras)
+                                      or not all(0 < f <= 1 for f in self.brightness_floor)):
+            raise ValueError(f"brightness_floor takes one number in (0, 1] for each camera "
+                             f"({', '.join(n for n, _ in self.cameras)}); got {self.brightness_floor}")
         if self.far_block_first_frame and self.estimator_reads_gripper:
             raise ValueError("the first step's estimate reads the frames and the instruction alone: "
                              "far_block_first_frame needs estimator_reads_gripper False")
@@ -346,6 +363,13 @@ def build(config: BCCameraNetConfig):
         return encoder_features(config, config.image_side(name))
 
     seen = config.proprio_dim + len(config.instructions)  # the estimator's part of low_dim (no action history)
+    floors = dict(zip((n for n, _ in config.cameras), config.brightness_floor))
+
+    def brightened(x, floor: float):
+        # (N, 3, side, side) in [0, 1]: scaled up to the floor where its mean is below it, else as it is
+        gain = torch.clamp(floor / torch.clamp(x.mean(dim=(1, 2, 3), keepdim=True), min=1e-6), min=1.0,
+                           max=MAX_BRIGHTNESS_GAIN)
+        return torch.clamp(x * gain, max=1.0)
     arm = get_arm("panda")
     free, gripper = list(FREE_FEATURES), list(GRIPPER_FEATURES)
 
@@ -410,6 +434,8 @@ def build(config: BCCameraNetConfig):
                 # (N, 2) along the hand's x and y axes -> the world's x, y: the wrist camera turns with the hand
                 return rot[:, 0:2, 0] * across[:, 0:1] + rot[:, 0:2, 1] * across[:, 1:2]
             mean, std = self.scene_mean, self.scene_std
+            if config.brightness_floor:
+                images = {key: brightened(x, floors[key.removesuffix(FIRST_SUFFIX)]) for key, x in images.items()}
             feats = {name: self.encoders[name]((images[name] - 0.5) * 4.0) for name, _ in config.cameras}
             instruction = (low_dim[:, config.proprio_dim:seen] - self.low_mean[config.proprio_dim:]) \
                 / self.low_std[config.proprio_dim:]
@@ -511,7 +537,9 @@ def config_from_json(text: str) -> BCCameraNetConfig:
                              # and before version 12 the estimator placed the block before the grasp
                              "locator_hidden": tuple(d.get("locator_hidden", ())),
                              # and before version 13 the step's estimate
-                             "far_block_first_frame": bool(d.get("far_block_first_frame", False))})
+                             "far_block_first_frame": bool(d.get("far_block_first_frame", False)),
+                             # and before version 14 frames as they are
+                             "brightness_floor": tuple(float(f) for f in d.get("brightness_floor", ()))})
 
 
 def load(path: str | Path = DEFAULT_WEIGHTS):

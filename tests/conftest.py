@@ -27,6 +27,21 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def one_remote_try_fails_in_one_line(server_url: str, profile: str, out: Path) -> str:
+    """The real command line, ``python -m eval.run --model remote`` for one try of A01 against ``server_url``,
+    where the server's reply must stop the try: asserts exit 1 (a try that raised), exactly one ``error:`` line and
+    no traceback, and returns that line."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "eval.run", "--model", "remote", "--server", server_url, "--profile",
+                        profile, "--setups", "A01", "--tries", "1", "--out", str(out)],
+                       cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert r.returncode == 1 and len(errors) == 1, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    return errors[0]
+
+
 # ------------------------------------------------------------------ pytest-xdist (CI: -n 2 --dist loadfile)
 # Whole files go to a worker (a file's module fixtures are built once), and files that share what a session builds
 # go to the same worker: the tiny Octo's ONNX export in the session's cache (<basetemp>/sab-cache, exported once

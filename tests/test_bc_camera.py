@@ -43,21 +43,26 @@ def test_the_graph_averages_frames_as_the_training_cache_does():
         assert np.max(np.abs(inside - cached)) <= 0.5 + 1e-4, name
 
 
-@pytest.mark.parametrize("grid_channels, far_block_first_frame", [(16, False), (0, False), (16, True)],
-                         ids=["grid", "keypoints-only", "far-block-first-frame"])
-def test_onnx_export_runs_as_the_network_at_every_batch(tmp_path, grid_channels, far_block_first_frame):
+@pytest.mark.parametrize("grid_channels, far_block_first_frame, brightness_floor",
+                         [(16, False, ()), (0, False, ()), (16, True, ()), (16, True, (0.48, 0.43))],
+                         ids=["grid", "keypoints-only", "far-block-first-frame", "brightness-floor"])
+def test_onnx_export_runs_as_the_network_at_every_batch(tmp_path, grid_channels, far_block_first_frame,
+                                                         brightness_floor):
     pytest.importorskip("onnxruntime")
     from dataclasses import replace
 
     from engines.runners import OnnxRuntimeRunner
 
     cfg = replace(bc_camera.BCCameraNetConfig(), grid_channels=grid_channels,
-                  far_block_first_frame=far_block_first_frame)
+                  far_block_first_frame=far_block_first_frame, brightness_floor=brightness_floor)
     torch.manual_seed(1)
     model = bc_camera.build(cfg).eval()
     path = bc_camera.export_onnx(model, cfg, tmp_path / "bc_camera.onnx")
     runner = OnnxRuntimeRunner(path, "cpu", intra_op_threads=1).activate()
     feeds = bc_camera.dummy_inputs(cfg, batch=4, seed=2)
+    if brightness_floor:  # rows 0 and 2 dimmed below every floor: the graph scales them up
+        for name in cfg.input_names[:2] + cfg.input_names[3:]:
+            feeds[name][0::2] = (feeds[name][0::2] * 0.3).astype(np.uint8)
     assert cfg.input_names == bc_camera.INPUT_NAMES + (("wrist_first",) if far_block_first_frame else ())
     assert sorted(feeds) == sorted(cfg.input_names)
     feeds["low_dim"] = np.random.default_rng(3).normal(size=feeds["low_dim"].shape).astype(np.float32)
@@ -704,6 +709,40 @@ def test_weights_written_before_the_first_steps_far_block_read_the_steps_frames(
         bc_camera.BCCameraNetConfig(estimator_reads_gripper=True, far_block_first_frame=True)
 
 
+def test_a_frame_darker_than_its_cameras_brightness_floor_is_scaled_up_to_it():
+    """Version 14 (``brightness_floor``): a frame at or above its camera's floor is read as it is (the estimate is
+    the network's without the field, bit for bit); one dimmed below it (as D01's dim light dims a scene: every
+    channel alike) is scaled up to the floor, so the estimate is that of the frame scaled to the floor's mean,
+    whatever the dimming; the first frames (``<camera>_first``) go by their camera's floor."""
+    n = 2
+    floors = (0.48, 0.43)
+    cfg, model, _, low = _untrained(n, brightness_floor=floors, far_block_first_frame=True)
+    plain = bc_camera.build(bc_camera.BCCameraNetConfig(far_block_first_frame=True)).eval()
+    plain.load_state_dict(model.state_dict())
+    torch.manual_seed(1)
+    bright = {name: 0.55 + 0.4 * torch.rand(n, 3, cfg.image_side(name), cfg.image_side(name))
+              for name, _ in cfg.cameras}  # means about 0.75, every pixel under 1
+    bright["wrist_first"] = bright["wrist"].flip(-1)
+    at_floor = {key: x * (floors[0 if key == "third_person" else 1] / x.mean(dim=(1, 2, 3), keepdim=True))
+                for key, x in bright.items()}
+    with torch.no_grad():
+        assert torch.equal(model.estimate(bright, low), plain.estimate(bright, low))
+        want = plain.estimate(at_floor, low)
+        for k in (0.6, 0.3, 0.2):
+            got = model.estimate({key: x * k for key, x in bright.items()}, low)
+            assert torch.allclose(got, want, atol=1e-4), k
+        assert not torch.allclose(plain.estimate({key: x * 0.3 for key, x in bright.items()}, low), want, atol=1e-4)
+    from dataclasses import asdict
+
+    d = asdict(cfg)
+    assert bc_camera.config_from_json(json.dumps(d)) == cfg
+    del d["brightness_floor"]  # a file of version 13 or older
+    assert bc_camera.config_from_json(json.dumps(d)).brightness_floor == ()
+    for bad in ((0.5,), (0.5, 0.0), (0.5, 1.2)):
+        with pytest.raises(ValueError, match="brightness_floor takes one number in"):
+            bc_camera.BCCameraNetConfig(brightness_floor=bad)
+
+
 @pytest.mark.parametrize("far_block_first_frame", [False, True], ids=["version-12", "version-13"])
 def test_the_locator_is_fitted_on_the_first_frames_holding_out_whole_starts(far_block_first_frame):
     """fit_locator changes the locator and its normalisation only, fits the block's x, y at each episode's first
@@ -930,18 +969,22 @@ def test_init_from_refuses_missing_weights_and_a_second_way_to_start(tmp_path):
 
 
 @pytest.mark.sim
-def test_far_block_first_frame_onto_trained_weights_without_epochs(recorded_demos, tmp_path):
-    """--init-from W --epochs 0 --far-block-first-frame: W's tensors unchanged, its configuration with the first
-    step's far block (version 13); the history is W on the held-out episodes with it."""
+@pytest.mark.parametrize("flags, changed",
+                         [(["--far-block-first-frame"], {"far_block_first_frame": True}),
+                          (["--brightness-floor", "0.48", "0.43"], {"brightness_floor": (0.48, 0.43)})],
+                         ids=["far-block-first-frame", "brightness-floor"])
+def test_a_change_onto_trained_weights_without_epochs(recorded_demos, tmp_path, flags, changed):
+    """--init-from W --epochs 0 with --far-block-first-frame (version 13) or --brightness-floor (version 14): W's
+    tensors unchanged, its configuration with the change; the history is W on the held-out episodes with it."""
     demos, _ = recorded_demos
     w = _saved_untrained(tmp_path / "w.safetensors")
     out = tmp_path / "first.safetensors"
     proc = _train("--datasets", str(demos), "--work", str(tmp_path / "work"), "--report-dir", str(tmp_path / "r"),
-                  "--init-from", str(w), "--epochs", "0", "--far-block-first-frame", "--out", str(out))
+                  "--init-from", str(w), "--epochs", "0", *flags, "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     old, old_cfg, _ = bc_camera.load(w)
     new, cfg, meta = bc_camera.load(out)
-    assert cfg == bc_camera.BCCameraNetConfig(**{**old_cfg.__dict__, "far_block_first_frame": True})
+    assert cfg == bc_camera.BCCameraNetConfig(**{**old_cfg.__dict__, **changed})
     assert all(torch.equal(new.state_dict()[k], t) for k, t in old.state_dict().items())
     report = json.loads((tmp_path / "r" / "training.json").read_text())
     assert meta["epochs"] == "0" and [h["epoch"] for h in report["history"]] == [0]
@@ -951,7 +994,9 @@ def test_epochs_0_is_refused_without_init_from(tmp_path):
     trained = _saved_untrained(tmp_path / "w.safetensors")
     for args, said in (
             (["--epochs", "0"], "--epochs 0 trains nothing: it takes --init-from W (W as it is, with "
-                                "--far-block-first-frame or --head-epochs)"),
+                                "--far-block-first-frame, --brightness-floor or --head-epochs)"),
+            (["--brightness-floor", "0.5"], "--brightness-floor: brightness_floor takes one number in (0, 1] for each "
+                                            "camera (third_person, wrist); got (0.5,)"),
             (["--init-from", str(trained), "--far-block-first-frame", "--head-from", str(trained)],
              "--init-from trains W's network on; --locator-from and --head-from fit one part onto W without epochs: "
              "give one of them")):

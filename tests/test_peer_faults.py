@@ -21,7 +21,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, one_remote_try_fails_in_one_line
 
 pytest.importorskip("websockets")
 from websockets.exceptions import ConnectionClosed  # noqa: E402
@@ -296,15 +296,10 @@ def test_eval_run_against_a_server_answering_object_arrays_stops_in_one_line_not
     naming the server and the dtype (exit 1, the runner's code for a try that raised)."""
     server = _LyingServer(msgpack.packb(NATIVE_META), lambda m: OBJECT_ACTIONS)
     try:
-        r = subprocess.run([sys.executable, "-m", "eval.run", "--model", "remote", "--server", server.url,
-                            "--profile", "bc-state", "--setups", "A01", "--tries", "1", "--out", str(tmp_path / "r")],
-                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+        error = one_remote_try_fails_in_one_line(server.url, "bc-state", tmp_path / "r")
     finally:
         server.close()
-    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
-    assert r.returncode == 1 and len(errors) == 1, (r.returncode, r.stderr[-2000:])
-    assert f"a malformed reply from {server.url}" in errors[0] and "dtype '|O' is not a number type" in errors[0]
-    assert "Traceback" not in r.stderr
+    assert f"a malformed reply from {server.url}" in error and "dtype '|O' is not a number type" in error
 
 
 def test_the_client_refuses_lying_metadata_replies_and_timings_in_one_line():

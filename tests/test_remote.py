@@ -27,7 +27,7 @@ import pytest
 
 from env.setups import get_setup
 from eval.rollout import Scenes, make_members, rollout
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, one_remote_try_fails_in_one_line
 
 pytest.importorskip("websockets")
 
@@ -759,27 +759,32 @@ BAD_REPLIES = {  # what a pi0-libero server answers, and what the one line says
 
 
 def test_a_reply_of_another_shape_nan_or_without_actions_stops_the_try_in_one_line(tmp_path):
-    """The real command line against a server of openpi's protocol answering each bad reply: the run stops in
-    one line naming the try, the key and the shape pi0-libero's server returns."""
+    """A server of openpi's protocol answering each bad reply: the client refuses it in one line naming the server,
+    the key and the shape pi0-libero's server returns; and the real command line, against one of them, stops the
+    run in that line naming the try (every bad reply reaches the command line by the same MalformedReply, so one
+    run checks that seam: each costs a rendered scene)."""
     pytest.importorskip("openpi_client")
-    outputs, urls = {}, {}
-    for k, (reply, _) in BAD_REPLIES.items():  # one after another: three runs at once on a loaded machine can stall
-        # a client past the server's 20 s keepalive ping (openpi's server keeps websockets' default)
+    from eval.remote.client import MalformedReply, RemotePolicy
+
+    for k, (reply, needle) in BAD_REPLIES.items():
         server = _OpenpiTestServer(_libero_stand_in(actions=lambda obs, r=reply: dict(r)))
         try:
-            r = subprocess.run([sys.executable, "-m", "eval.run", "--model", "remote", "--server", server.url,
-                                "--profile", "pi0-libero", "--setups", "A01", "--tries", "1",
-                                "--out", str(tmp_path / k.replace(" ", "_"))],
-                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+            policy = RemotePolicy(server.url, "openpi", "pi0-libero")
+            policy.reset("put the circle block into the circle hole", seed=7)
+            with pytest.raises(MalformedReply) as e:
+                policy.query(_camera_obs())
         finally:
             server.close()
-        outputs[k], urls[k] = r, server.url
-    for k, (reply, needle) in BAD_REPLIES.items():
-        stderr, rc = outputs[k].stderr, outputs[k].returncode
-        errors = [line for line in stderr.splitlines() if line.startswith("error:")]
-        assert rc == 1 and len(errors) == 1, (k, rc, stderr[-2000:])
-        assert errors[0].startswith(f"error: A01 try 0: the reply from {urls[k]} (seed ") and needle in errors[0], errors
-        assert "Traceback" not in stderr, stderr[-2000:]
+        message = str(e.value)
+        assert message.startswith(f"the reply from {server.url} (seed ") and needle in message, (k, message)
+        assert "\n" not in message
+    reply, needle = BAD_REPLIES["NaN"]
+    server = _OpenpiTestServer(_libero_stand_in(actions=lambda obs: dict(reply)))
+    try:
+        error = one_remote_try_fails_in_one_line(server.url, "pi0-libero", tmp_path / "nan")
+    finally:
+        server.close()
+    assert error.startswith(f"error: A01 try 0: the reply from {server.url} (seed ") and needle in error, error
 
 
 def test_the_servers_exception_type_and_message_reach_the_error_line(monkeypatch):

@@ -876,13 +876,17 @@ def main(argv=None) -> int:
                    help="the block away from the gripper as the estimator reads it at the try's first step, from "
                         "every camera's first frame (network version 13); with --init-from W and --epochs 0, W as it "
                         "is with that change")
+    p.add_argument("--brightness-floor", type=float, nargs="+", metavar="F",
+                   help="one number in (0, 1] for each camera (third person, wrist): a frame whose mean is darker is "
+                        "scaled up to it before the encoders (network version 14); with --init-from W and --epochs "
+                        "0, W as it is with that change")
     p.add_argument("--fresh", action="store_true", help="start the work folder's training again")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     try:
         if args.epochs == 0 and not args.init_from:
             raise TrainingInputError("--epochs 0 trains nothing: it takes --init-from W (W as it is, with "
-                                     "--far-block-first-frame or --head-epochs)")
+                                     "--far-block-first-frame, --brightness-floor or --head-epochs)")
         if (args.epochs < 0 or args.batch < 1 or not args.lr > 0 or not np.isfinite(args.lr) or not 0 <= args.shift < 32
                 or not 0 <= args.action_weight < float("inf") or not 0 < args.before_grasp_weight < float("inf")
                 or not 0 <= args.fine_weight < float("inf") or args.head_epochs < 0
@@ -897,8 +901,13 @@ def main(argv=None) -> int:
         if not policy.is_file():
             raise TrainingInputError(f"--policy {policy} does not exist; give bc-state weights "
                                      f"(python -m eval.training.train_bc makes them)")
-        config = replace(BCCameraNetConfig(), grid_channels=args.grid_channels,
-                         locator_hidden=tuple(args.locator_hidden), far_block_first_frame=args.far_block_first_frame)
+        try:
+            config = replace(BCCameraNetConfig(), grid_channels=args.grid_channels,
+                             locator_hidden=tuple(args.locator_hidden),
+                             far_block_first_frame=args.far_block_first_frame,
+                             brightness_floor=tuple(args.brightness_floor or ()))
+        except ValueError as e:
+            raise TrainingInputError(f"--brightness-floor: {e}") from None
         if args.locator_from and args.head_from:
             raise TrainingInputError("--locator-from and --head-from each fit one part onto trained weights; give one "
                                      "(fit the other onto its output)")
@@ -922,7 +931,8 @@ def main(argv=None) -> int:
                 config = replace(fitted_onto[1], locator_hidden=config.locator_hidden if args.locator_from
                                  else fitted_onto[1].locator_hidden,
                                  far_block_first_frame=fitted_onto[1].far_block_first_frame
-                                 or args.far_block_first_frame)
+                                 or args.far_block_first_frame,
+                                 brightness_floor=config.brightness_floor or fitted_onto[1].brightness_floor)
             except ValueError as e:
                 raise TrainingInputError(f"{onto[0]} {onto[1]} with --far-block-first-frame: {e}") from None
         roots = [Path(d) for d in args.datasets]
